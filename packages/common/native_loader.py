@@ -1,0 +1,86 @@
+"""Finds and loads one package's shared library (the plain C ABI of its CUDA kernels).
+
+Search order:
+  1. $MEGAMOE_LIB_DIR (a build folder's lib/, e.g. one built on a machine without a GPU);
+  2. the installed package folder (pip install . puts lib<pkg>.so next to __init__.py);
+  3. <repo>/build/lib and <repo>/build/*/lib (a developer's in-tree CMake build).
+This file is the single source; each package's `_native.py` is a link to it.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from pathlib import Path
+
+BUILD_HINT = (
+    "build them with nvcc >= 12.8 (`pip install .` on a machine with the CUDA toolkit, or "
+    "`cmake -S . -B build -G Ninja && cmake --build build`) and, for a build folder made "
+    "elsewhere, set MEGAMOE_LIB_DIR=<build>/lib"
+)
+
+
+class KernelsNotBuiltError(RuntimeError):
+    """Raised when a GPU entry point is called but the CUDA library was not built or found."""
+
+
+def _candidates(pkg: str, pkg_dir: Path) -> list[Path]:
+    name = f"lib{pkg}.so"
+    out = []
+    env = os.environ.get("MEGAMOE_LIB_DIR")
+    if env:
+        out.append(Path(env) / name)
+    out.append(pkg_dir / name)
+    repo = pkg_dir.parents[2] if len(pkg_dir.parents) > 2 else pkg_dir
+    out.append(repo / "build" / "lib" / name)
+    out.extend(Path(p) for p in sorted(glob.glob(str(repo / "build" / "*" / "lib" / name))))
+    return out
+
+
+def load(pkg: str, pkg_dir: str | Path) -> ctypes.CDLL:
+    tried = _candidates(pkg, Path(pkg_dir).resolve())
+    for p in tried:
+        if p.is_file():
+            return ctypes.CDLL(str(p))
+    raise KernelsNotBuiltError(
+        f"the CUDA kernels of '{pkg}' were not built or not found (looked for "
+        + ", ".join(str(p) for p in tried) + f"); {BUILD_HINT}"
+    )
+
+
+class NativeLib:
+    """Lazily loaded library with ctypes signatures; `call` raises on a non-zero return code.
+
+    signatures: {symbol: (argtypes, restype)}; error_fn: the symbol turning a code into text.
+    """
+
+    def __init__(self, pkg: str, pkg_dir: str | Path, signatures: dict, error_fn: str):
+        self.pkg, self.pkg_dir, self.signatures, self.error_fn = pkg, pkg_dir, signatures, error_fn
+        self._lib = None
+
+    @property
+    def lib(self) -> ctypes.CDLL:
+        if self._lib is None:
+            L = load(self.pkg, self.pkg_dir)
+            for name, (args, res) in self.signatures.items():
+                fn = getattr(L, name, None)
+                if fn is not None:
+                    fn.argtypes, fn.restype = args, res
+            self._lib = L
+        return self._lib
+
+    def available(self) -> bool:
+        try:
+            self.lib
+            return True
+        except KernelsNotBuiltError:
+            return False
+
+    def call(self, name: str, *args) -> None:
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            raise KernelsNotBuiltError(f"lib{self.pkg}.so has no '{name}': it is out of date; {BUILD_HINT}")
+        rc = fn(*args)
+        if rc != 0:
+            msg = getattr(self.lib, self.error_fn)(rc).decode()
+            raise RuntimeError(f"{self.pkg}: {name} failed: {msg} (code {rc})")

@@ -1,0 +1,14 @@
+#include <cuda_runtime.h>
+#include "fp4_gemm_api.h"
+
+extern "C" const char* fp4g_error_string(int code) {
+  switch (code) {
+    case FP4G_OK: return "success";
+    case FP4G_EINVAL: return "invalid size or stride";
+    case FP4G_EALIGN: return "misaligned pointer or stride";
+    case FP4G_EUNSUPPORTED: return "shape not supported by this build";
+    default: return code > 0 ? cudaGetErrorString(cudaError_t(code)) : "unknown error";
+  }
+}
+
+extern "C" int fp4g_abi_version(void) { return 1; }

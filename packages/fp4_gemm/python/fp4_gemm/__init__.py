@@ -1,0 +1,21 @@
+"""fp4_gemm: MXFP4 utilities and FP8 x MXFP4 grouped GEMMs for Hopper (sm_90a).
+
+Pure-Python numerics (torch, CPU or GPU) live in `fp4_gemm.numerics`; CUDA launchers in
+`fp4_gemm.ops`. `quantize_fp8` dispatches: CUDA tensors / CuPy arrays run the kernel, CPU
+tensors the reference; both give bitwise-equal results.
+"""
+from __future__ import annotations
+
+from ._native import KernelsNotBuiltError
+from . import _arrays
+
+__all__ = ["quantize_fp8", "KernelsNotBuiltError"]
+
+
+def quantize_fp8(x, gran: int = 128, pow2: bool = False):
+    """Per-token, per-`gran`-channel FP8 E4M3 quantisation -> (codes, FP32 scales)."""
+    if _arrays.is_torch(x) and not x.is_cuda:
+        from .numerics import quantize_fp8 as ref
+        return ref(x, gran=gran, pow2=pow2)
+    from .ops import quantize_fp8_cuda
+    return quantize_fp8_cuda(x, gran=gran, pow2=pow2)

@@ -1,0 +1,1 @@
+../../../common/cuda_arrays.py

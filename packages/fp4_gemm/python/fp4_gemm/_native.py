@@ -1,0 +1,1 @@
+../../../common/native_loader.py

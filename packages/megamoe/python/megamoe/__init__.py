@@ -1,0 +1,1 @@
+"""megamoe: the fused expert-parallel MoE layer for Hopper."""
