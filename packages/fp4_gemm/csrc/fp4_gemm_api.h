@@ -25,6 +25,17 @@ FP4G_API int fp4g_abi_version(void);
 FP4G_API int fp4g_quantize_fp8(const void* x, void* q, float* scales, int64_t T, int64_t H,
                                int64_t x_stride, int pow2_scales, cudaStream_t stream);
 
+// Grouped GEMM, BF16 output: out[row, n] = sum_k x[row, k] * W_g[n, k], W_g decoded from the
+// packed FP4 weights (layout.cuh) times row_scale[g, n], x per-128 scaled FP8.
+//  layout 0 (contiguous): x [rows, k], group_sizes = int32 [G + 1] row offsets, out [rows, n];
+//  layout 1 (masked): x [G, max_m, k] (rows = G * max_m), group_sizes = int32 [G] valid rows.
+//  x_scales: FP32 [rows, k / 128]. block_n: token tile (8, 16, 32, 64, 128). num_sms <= 0: all.
+//  err: int32 device word, 0 on entry; non-zero after the kernel means a pipeline timeout.
+FP4G_API int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
+                                    const float* row_scale, const int* group_sizes, void* out,
+                                    int layout, int num_groups, int64_t rows, int max_m, int n, int k,
+                                    int block_n, int num_sms, int* err, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

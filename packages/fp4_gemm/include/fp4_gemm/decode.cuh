@@ -1,0 +1,41 @@
+// FP4 (E2M1 with a per-row, per-32 shift) -> E4M3 decode into wgmma A registers.
+// Packed format: layout.cuh. Per 8 codes: 2 prmt through an 8-entry LUT of E4M3 magnitudes for
+// the group's shift, plus two masked ORs for the signs (no shared-memory round trip).
+#pragma once
+#include <cstdint>
+#include <cuda_fp8.h>
+
+#include "fp4_gemm/layout.cuh"
+#include "fp4_gemm/ptx.cuh"
+
+namespace fp4_gemm {
+
+using WL = PackedWeightLayout;
+constexpr int kNumShifts = WL::kMaxShift - WL::kMinShift + 1;
+
+// LUT[s - kMinShift] = E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^s (RNE, as the Python
+// reference `fp8_e4m3_lut`). 8 bytes per shift: 160 bytes of shared memory, filled once per CTA.
+__device__ __forceinline__ void fill_shift_lut(uint2* lut, int tid, int nthreads) {
+  for (int i = tid; i < kNumShifts * 8; i += nthreads) {
+    // E2M1 magnitude of code c: exponent c >> 1 (bias 1), one mantissa bit c & 1.
+    const int c = i % 8, e = c >> 1, m = c & 1;
+    const float mag = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
+    const float v = ldexpf(mag, i / 8 + WL::kMinShift);
+    reinterpret_cast<uint8_t*>(lut)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// One packed word (8 codes of one row) -> two A registers: `lo` = k c..c+3, `hi` = k c+16..c+19.
+__device__ __forceinline__ void decode_word(uint32_t w, uint2 lut, uint32_t& lo, uint32_t& hi) {
+  const uint32_t mag = w & 0x77777777u;
+  lo = ptx::prmt(lut.x, lut.y, mag) | (w & 0x80808080u);
+  hi = ptx::prmt(lut.x, lut.y, mag >> 16) | ((w << 4) & 0x80808080u);
+}
+
+// A fragment of one k32 step: code words (row r, row r+8) and their two shifts' LUT entries.
+__device__ __forceinline__ void decode_step(uint2 codes, uint2 lut_r, uint2 lut_r8, uint32_t (&a)[4]) {
+  decode_word(codes.x, lut_r, a[0], a[2]);
+  decode_word(codes.y, lut_r8, a[1], a[3]);
+}
+
+}  // namespace fp4_gemm

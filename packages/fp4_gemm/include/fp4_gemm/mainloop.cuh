@@ -1,0 +1,191 @@
+// Warp-specialised FP8 x FP4 mainloop (swap-AB): weights (decoded FP4) are the wgmma A operand
+// from registers, tokens the B operand from shared memory.
+//
+// Pipeline contract (one ring of kNumStages stages, each = token tile + weight chunk + token scales):
+//  - full[s]  : 1 arrive.expect_tx by the producer's lane 0 (TMA + bulk bytes) and 32 cp.async
+//               arrives (.noinc) of the producer lanes that copy the token scales  -> kFullArrivals.
+//  - empty[s] : one arrive per math warp once that warp no longer reads stage s (after
+//               wgmma.wait_group 0, so the tensor cores are done reading the token tile).
+// Iteration i of the ring uses stage i % kNumStages with phase parity (i / kNumStages) & 1; the
+// producer waits on empty with the opposite parity (a fresh barrier counts as released).
+// The functions take all state (shared memory plan, barriers, iteration counter) from the caller,
+// so a fused kernel can run them inside its own warp roles.
+#pragma once
+#include <cstdint>
+#include <cuda.h>
+
+#include "fp4_gemm/decode.cuh"
+#include "fp4_gemm/layout.cuh"
+#include "fp4_gemm/ptx.cuh"
+#include "fp4_gemm/scheduler.cuh"
+#include "fp4_gemm/wgmma.cuh"
+
+namespace fp4_gemm {
+
+constexpr int kMathWarpgroups = WL::kWarpgroupsPerBlock;
+constexpr int kMathThreads = kMathWarpgroups * 128;
+constexpr uint64_t kPipelineTimeoutNs = 20ull * 1000 * 1000 * 1000;  // 20 s: a stuck pipeline, not a slow one
+
+// Error codes a kernel leaves in its error word (first error wins).
+enum KernelError : int { kErrNone = 0, kErrTimeoutFull = 1, kErrTimeoutEmpty = 2 };
+
+__device__ __forceinline__ void report_error(int* err, int code) {
+  if (err != nullptr) atomicCAS(err, 0, code);
+}
+
+template <int kBlockN_, int kNumStages_>
+struct MainloopConfig {
+  static constexpr int kBlockN = kBlockN_;      // tokens per tile (wgmma N)
+  static constexpr int kNumStages = kNumStages_;
+  static constexpr int kBlockK = WL::kBlockK;
+  static constexpr int kTokenTileBytes = kBlockN * kBlockK;  // FP8, 128-byte swizzled rows
+  static constexpr int kWeightBytes = WL::kBlockChunkBytes;
+  static constexpr int kScaleBytes = kBlockN * 4;
+  static constexpr int kFullArrivals = 1 + 32;
+  static constexpr int kEmptyArrivals = kMathThreads / 32;
+  static constexpr int kAccRegs = kBlockN / 2;
+
+  // Shared memory plan (offsets from a 1024-byte aligned base).
+  static constexpr int kTokenOff = 0;
+  static constexpr int kWeightOff = kTokenOff + kNumStages * kTokenTileBytes;
+  static constexpr int kScaleOff = kWeightOff + kNumStages * kWeightBytes;
+  static constexpr int kLutOff = kScaleOff + kNumStages * kScaleBytes;
+  static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
+  static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;  // room to align the dynamic base
+
+  static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
+  static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
+  static_assert(kWeightBytes % 16 == 0 && kWeightOff % 16 == 0, "bulk copy alignment");
+  static_assert(kSmemAlloc <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+  static_assert(kBlockK == 128, "one activation scale per stage");
+};
+
+template <class Cfg>
+struct SmemView {
+  uint8_t* base;
+  __device__ uint8_t* tokens(int s) const { return base + Cfg::kTokenOff + s * Cfg::kTokenTileBytes; }
+  __device__ uint8_t* weights(int s) const { return base + Cfg::kWeightOff + s * Cfg::kWeightBytes; }
+  __device__ float* scales(int s) const { return reinterpret_cast<float*>(base + Cfg::kScaleOff + s * Cfg::kScaleBytes); }
+  __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
+  __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
+  __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, int nthreads) {
+  if (tid == 0) {
+    for (int s = 0; s < Cfg::kNumStages; ++s) {
+      ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    ptx::fence_mbar_init();
+  }
+  fill_shift_lut(sm.lut(), tid, nthreads);
+}
+
+struct WeightOperand {
+  const uint8_t* packed;     // [G][N / kBlockRows][K / kBlockK][kBlockChunkBytes]
+  const float* row_scale;    // [G][N]
+};
+
+struct TokenOperand {
+  const float* scales;       // [rows][K / 128] FP32
+  int64_t scale_stride;      // elements between rows of `scales`
+};
+
+// Producer (one warp): streams the K blocks of one tile into the ring. Returns false on timeout.
+template <class Cfg>
+__device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUtensorMap* tmap,
+                                             const WeightOperand& w, const TokenOperand& x,
+                                             const GroupedProblem& pb, const Tile& t, uint32_t& iter,
+                                             int lane, int* err) {
+  const int k_blocks = pb.k / Cfg::kBlockK;
+  const uint8_t* wsrc = w.packed + (int64_t(t.group) * (pb.n / WL::kBlockRows) + t.n_block) *
+                                       int64_t(k_blocks) * Cfg::kWeightBytes;
+  for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
+    const int s = iter % Cfg::kNumStages;
+    const uint32_t phase = (iter / Cfg::kNumStages) & 1;
+    if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, kPipelineTimeoutNs)) {
+      report_error(err, kErrTimeoutEmpty);
+      return false;
+    }
+    if (lane == 0) {
+      ptx::mbar_arrive_expect_tx(sm.full(s), Cfg::kTokenTileBytes + Cfg::kWeightBytes);
+      ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, int32_t(t.row0));
+      ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
+    }
+    // Token scales: rows past the tile's valid rows are left as they are (their outputs are never
+    // stored, and each output column depends only on its own token).
+    float* dst = sm.scales(s);
+    for (int i = lane; i < t.rows; i += 32)
+      ptx::cp_async_4(dst + i, x.scales + (t.row0 + i) * x.scale_stride + kb);
+    ptx::cp_async_arrive_noinc(sm.full(s));
+  }
+  return true;
+}
+
+// One math warpgroup: accumulates its 64 weight rows x kBlockN tokens of tile t into acc
+// (promoted FP32: per 128-K block, fresh wgmma partial sums times the tokens' scales).
+// Returns false on timeout.
+template <class Cfg>
+__device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedProblem& pb, int wg,
+                                         int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
+                                         int* err) {
+  using Mma = WgmmaRS<Cfg::kBlockN>;
+  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
+  const int k_blocks = pb.k / Cfg::kBlockK;
+  const uint2* lut = sm.lut();
+  float part[Cfg::kAccRegs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+
+  for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
+    const int s = iter % Cfg::kNumStages;
+    const uint32_t phase = (iter / Cfg::kNumStages) & 1;
+    if (!ptx::mbar_wait(sm.full(s), phase, kPipelineTimeoutNs)) {
+      report_error(err, kErrTimeoutFull);
+      return false;
+    }
+    const uint8_t* chunk = sm.weights(s) + wg * WL::kWgChunkBytes;
+    const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + WL::kCodeBytes + (warp * 8 + lane / 4) * 8);
+    uint32_t a[WL::kStepsPerBlockK][4];
+#pragma unroll
+    for (int st = 0; st < WL::kStepsPerBlockK; ++st) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(chunk + (st * 128 + tid_in_wg) * WL::kCodeBytesPerThreadStep);
+      const uint32_t sw = st < 2 ? shifts.x : shifts.y;
+      const int s_r = int(int8_t(sw >> (16 * (st & 1)))) - WL::kMinShift;
+      const int s_r8 = int(int8_t(sw >> (16 * (st & 1) + 8))) - WL::kMinShift;
+      decode_step(codes, lut[s_r], lut[s_r8], a[st]);
+    }
+    const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int st = 0; st < WL::kStepsPerBlockK; ++st)
+      Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
+
+    // Scales of this thread's token columns 8j + 2(lane%4) + {0,1}.
+    const float* sc = sm.scales(s);
+    float2 scale[Cfg::kBlockN / 8];
+#pragma unroll
+    for (int j = 0; j < Cfg::kBlockN / 8; ++j) scale[j] = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * (lane % 4));
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(sm.empty(s));
+#pragma unroll
+    for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+      acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[j].x, acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], scale[j].y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[j].x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[j].y, acc[4 * j + 3]);
+    }
+  }
+  return true;
+}
+
+}  // namespace fp4_gemm
