@@ -1,0 +1,96 @@
+"""Shared benchmark plumbing: ceilings measured in the same run, CUDA-event timing, result files."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    if os.environ.get("MEGAMOE_COMMIT"):
+        return os.environ["MEGAMOE_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent,
+                                       stderr=subprocess.DEVNULL, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def time_cuda(fn, *, warmup=5, reps=30, setup=None) -> float:
+    """Median seconds of fn() over `reps` CUDA-event-timed calls after `warmup` calls.
+    `setup(i)` (untimed) may rotate inputs between calls."""
+    for i in range(warmup):
+        if setup:
+            setup(i)
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        if setup:
+            setup(i)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure_hbm_copy(nbytes=4 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10)
+    return 2 * src.numel() / t
+
+
+def measure_fp8_peak(n=8192) -> float:
+    """torch._scaled_mm FP8 dense GEMM n^3 FLOP/s on random data."""
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    t = time_cuda(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, reps=20)
+    return 2 * n ** 3 / t
+
+
+def measure_bf16_peak(n=8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_cuda(lambda: a @ b, warmup=5, reps=20)
+    return 2 * n ** 3 / t
+
+
+def header(extra: dict | None = None) -> dict:
+    p = torch.cuda.get_device_properties(0)
+    h = {"gpu": p.name, "sms": p.multi_processor_count, "gpus": torch.cuda.device_count(),
+         "commit": commit(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+         "torch": torch.__version__}
+    h.update(extra or {})
+    return h
+
+
+def write_results(name: str, head: dict, rows: list[dict], columns: list[str]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = head["date"][:10]
+    base = RESULTS / f"{name}-{stamp}-{head['commit']}"
+    base.with_suffix(".json").write_text(json.dumps({"header": head, "rows": rows}, indent=1))
+    lines = [f"# {name} — {head['gpu']} x{head['gpus']}, commit {head['commit']}, {head['date']}", ""]
+    lines += [f"- {k}: {v}" for k, v in head.items() if k not in ("gpu", "commit", "date")]
+    lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |")
+    base.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return base
+
+
+def _fmt(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,104 @@
+"""FP8 x MXFP4 grouped GEMM benchmark against what a user would pick instead.
+
+Cases (DESIGN section 6 / the fp4_gemm issue): compute-bound contiguous 32 groups x 1024 tokens
+(N 6144, K 7168) and (N 7168, K 3072); decode masked 32 groups x 8 tokens, same N/K.
+Side by side: torch._scaled_grouped_mm (FP8 x FP8 rowwise; FP8 weights = 2x our weight bytes),
+torch._grouped_mm in BF16, and the FP8 dense / HBM copy ceilings measured in this run.
+Usage: python bench/gemm.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import header, measure_bf16_peak, measure_fp8_peak, measure_hbm_copy, time_cuda, write_results  # noqa: E402
+
+from fp4_gemm import layout, ops, quantize_fp8  # noqa: E402
+
+CASES = [
+    # name, layout, G, m per group, N, K
+    ("prefill-6144x7168", "contiguous", 32, 1024, 6144, 7168),
+    ("prefill-7168x3072", "contiguous", 32, 1024, 7168, 3072),
+    ("decode-6144x7168", "masked", 32, 8, 6144, 7168),
+    ("decode-7168x3072", "masked", 32, 8, 7168, 3072),
+]
+
+
+def random_packed(G, N, K):
+    """Random packed weights straight in the kernel layout (speed does not depend on values, but
+    zeros are avoided: codes uniform, shifts in the exact range)."""
+    C = layout.constants()
+    packed = torch.randint(0, 256, (G, N // 128, K // 128, C["kBlockChunkBytes"]), dtype=torch.uint8, device="cuda")
+    sh = packed.view(G, N // 128, K // 128, 2, C["kWgChunkBytes"])[..., C["kCodeBytes"]:]
+    sh.copy_((sh.view(torch.int8).to(torch.int16) % 15 - 8).to(torch.int8).view(torch.uint8))
+    row_scale = torch.rand(G, N, device="cuda") * 1e-3 + 1e-4
+    return ops.PackedWeights(packed, row_scale, G, N, K)
+
+
+def bench_case(name, lay, G, m, N, K, peaks):
+    flops = 2.0 * G * m * N * K
+    w = random_packed(G, N, K)
+    weight_bytes = w.packed.numel() + w.row_scale.numel() * 4
+    x = torch.randn(G * m, K, device="cuda").to(torch.bfloat16)
+    xq, xs = quantize_fp8(x)
+    row = {"case": name, "layout": lay, "groups": G, "m": m, "N": N, "K": K}
+    if lay == "contiguous":
+        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
+        fn = lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs)  # noqa: E731
+    else:
+        mm = torch.full((G,), m, dtype=torch.int32, device="cuda")
+        xq3, xs3 = xq.view(G, m, K), xs.view(G, m, K // 128)
+        fn = lambda: ops.grouped_gemm(xq3, xs3, w, masked_m=mm)  # noqa: E731
+    t = time_cuda(fn)
+    ops.check_errors()
+    act_bytes = xq.numel() + xs.numel() * 4 + G * m * N * 2
+    row.update(ours_us=t * 1e6, ours_tflops=flops / t / 1e12, ours_vs_fp8_peak=flops / t / peaks["fp8"],
+               weight_GBs=weight_bytes / t / 1e9, weight_bw_vs_copy=weight_bytes / t / peaks["hbm"],
+               floor_us=max(flops / peaks["fp8"], (weight_bytes + act_bytes) / peaks["hbm"]) * 1e6)
+    del w
+    # What a user would run instead: FP8 weights (rowwise scales) through torch._scaled_grouped_mm.
+    try:
+        wb = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
+        w8 = wb.to(torch.float8_e4m3fn)
+        sw = torch.rand(G, N, device="cuda") + 0.5
+        sx = torch.rand(G * m, device="cuda") + 0.5
+        offs_end = (torch.arange(1, G + 1, dtype=torch.int32, device="cuda") * m)
+        xa = xq.contiguous()
+        f8 = lambda: torch._scaled_grouped_mm(xa, w8.transpose(-2, -1), sx, sw, offs=offs_end, out_dtype=torch.bfloat16)  # noqa: E731
+        t8 = time_cuda(f8)
+        row.update(torch_fp8_us=t8 * 1e6, torch_fp8_tflops=flops / t8 / 1e12)
+        del w8
+        xb = x.contiguous()
+        fb = lambda: torch._grouped_mm(xb, wb.transpose(-2, -1), offs=offs_end)  # noqa: E731
+        tb = time_cuda(fb)
+        row.update(torch_bf16_us=tb * 1e6, torch_bf16_tflops=flops / tb / 1e12)
+        del wb
+    except Exception as e:  # report, don't hide: the row says what failed
+        row["torch_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    if "torch_fp8_us" in row:
+        row["speedup_vs_torch_fp8"] = row["torch_fp8_us"] / row["ours_us"]
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the BF16 peak")
+    args = ap.parse_args()
+    peaks = {"fp8": measure_fp8_peak(), "hbm": measure_hbm_copy()}
+    if not args.quick:
+        peaks["bf16"] = measure_bf16_peak()
+    head = header({"fp8_peak_tflops": peaks["fp8"] / 1e12, "hbm_copy_TBs": peaks["hbm"] / 1e12,
+                   "bf16_peak_tflops": peaks.get("bf16", 0) / 1e12})
+    rows = [bench_case(*c, peaks) for c in CASES]
+    cols = ["case", "ours_us", "ours_tflops", "ours_vs_fp8_peak", "weight_GBs", "weight_bw_vs_copy", "floor_us",
+            "torch_fp8_us", "torch_fp8_tflops", "torch_bf16_us", "speedup_vs_torch_fp8", "torch_error"]
+    write_results("gemm", head, rows, cols)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Shared builders for the grouped-GEMM tests and benchmark: random MXFP4 weights, FP8 tokens,
+group sizes, and the float64 reference on the same quantised inputs."""
+from __future__ import annotations
+
+import torch
+
+from fp4_gemm import numerics as nm
+from fp4_gemm.ops import prepare_weights
+
+
+def random_weights(G, N, K, gen, device="cuda", gate_up=False):
+    w = torch.randn(G, N, K, generator=gen, dtype=torch.float32) / K ** 0.5
+    # A few rows with a wide exponent spread exercise the per-group shifts.
+    w[:, ::7, :32] *= 2.0 ** 9
+    codes, exps = nm.quantize_mxfp4(w)
+    tw = nm.transform_weights(codes, exps, gate_up_interleave=gate_up)
+    return tw, prepare_weights(tw, device)
+
+
+def random_tokens(rows, K, gen, device="cuda"):
+    x = (torch.randn(rows, K, generator=gen) * torch.exp(torch.randn(rows, 1, generator=gen))).to(torch.bfloat16)
+    return x.to(device)
+
+
+def reference_bf16_step_check(out, ref, what):
+    """out BF16 vs float64 ref: >= 99% within one BF16 step of BF16(ref), rel. norm <= 4e-3, no NaN."""
+    out = out.double().cpu()
+    ref = ref.double().cpu()
+    assert torch.isfinite(out).all(), f"{what}: non-finite outputs (unwritten or corrupted)"
+    ref_bf = ref.to(torch.bfloat16).double()
+    step = (ref_bf.abs().clamp_min(2.0 ** -126) * 2.0 ** -7)
+    within = ((out - ref_bf).abs() <= step * 1.0001).double().mean().item()
+    rel = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert within >= 0.99, f"{what}: only {within:.4f} of elements within one BF16 step"
+    assert rel <= 4e-3, f"{what}: relative error {rel:.2e}"
+    return within, rel
+
+
+def gemm_reference(xq, xs, tw, row_groups):
+    """float64 out[r] = deq(x[r]) @ deq(W_g)^T, row_groups: list of (g, row_start, m)."""
+    xd = nm.dequantize_fp8(xq.cpu(), xs.cpu()).double()
+    wd = nm.dequantize_transformed(tw).double()
+    if wd.dim() == 2:
+        wd = wd[None]
+    out = torch.zeros(xd.shape[0], wd.shape[1], dtype=torch.float64)
+    for g, r0, m in row_groups:
+        if m:
+            out[r0:r0 + m] = xd[r0:r0 + m] @ wd[g].T
+    return out

@@ -1,0 +1,114 @@
+"""Grouped FP8 x MXFP4 GEMM on the GPU against the float64 reference (same quantised inputs)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from fp4_gemm import ops, quantize_fp8  # noqa: E402
+
+from gemm_cases import gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
+
+POISON = 0x7FC1  # a BF16 NaN: any element the kernel fails to write stays NaN
+
+
+def _gen():
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+CONTIGUOUS_CASES = [
+    # (G, N, K, group sizes)
+    (1, 128, 128, [1]),
+    (3, 256, 256, [0, 37, 130]),
+    (8, 384, 512, [5, 0, 0, 200, 17, 64, 1, 129]),
+    (16, 256, 1024, "random"),
+    (64, 128, 256, "random"),
+    (4, 7168, 256, [300, 0, 77, 1]),
+    (2, 256, 7168, [513, 2]),
+    (3, 512, 384, [4096, 9, 1000]),
+]
+
+
+@pytest.mark.parametrize("G,N,K,sizes", CONTIGUOUS_CASES)
+@pytest.mark.parametrize("block_n", [None, 8, 128])
+def test_contiguous(G, N, K, sizes, block_n):
+    gen = _gen()
+    if sizes == "random":
+        sizes = torch.randint(0, 300, (G,), generator=gen).tolist()
+        sizes[0] = 0
+    tw, pw = random_weights(G, N, K, gen)
+    M = sum(sizes)
+    if M == 0:
+        pytest.skip("no rows")
+    x = random_tokens(M, K, gen)
+    xq, xs = quantize_fp8(x)
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    out = torch.full((M, N), 0, dtype=torch.int16, device="cuda").fill_(POISON).view(torch.bfloat16)
+    ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=block_n, out=out)
+    torch.cuda.synchronize()
+    ops.check_errors()
+    starts = offs.tolist()
+    ref = gemm_reference(xq, xs, tw, [(g, starts[g], sizes[g]) for g in range(G)])
+    reference_bf16_step_check(out, ref, f"contiguous G={G} N={N} K={K} block_n={block_n}")
+
+
+@pytest.mark.parametrize("G,N,K,max_m", [(4, 256, 512, 8), (32, 384, 256, 16), (6, 256, 1024, 200), (2, 128, 7168, 64)])
+def test_masked(G, N, K, max_m):
+    gen = _gen()
+    tw, pw = random_weights(G, N, K, gen)
+    m = torch.randint(0, max_m + 1, (G,), generator=gen)
+    m[0] = 0
+    m[-1] = max_m
+    x = random_tokens(G * max_m, K, gen)
+    xq, xs = quantize_fp8(x)
+    out = torch.empty((G, max_m, N), dtype=torch.int16, device="cuda").fill_(POISON).view(torch.bfloat16)
+    ops.grouped_gemm(xq.view(G, max_m, K), xs.view(G, max_m, K // 128), pw,
+                     masked_m=m.to(torch.int32).cuda(), out=out)
+    torch.cuda.synchronize()
+    ops.check_errors()
+    ref = gemm_reference(xq, xs, tw, [(g, g * max_m, int(m[g])) for g in range(G)]).view(G, max_m, N)
+    for g in range(G):
+        mg = int(m[g])
+        if mg:
+            reference_bf16_step_check(out[g, :mg], ref[g, :mg], f"masked g={g}")
+        # rows past masked_m are not touched
+        assert torch.isnan(out[g, mg:].float()).all(), f"masked g={g}: wrote rows past masked_m"
+
+
+def test_cupy_arrays():
+    cp = pytest.importorskip("cupy")
+    gen = _gen()
+    G, N, K = 3, 256, 256
+    tw, pw = random_weights(G, N, K, gen)
+    sizes = [10, 0, 21]
+    x = random_tokens(31, K, gen)
+    xq, xs = quantize_fp8(x)
+    offs = torch.tensor([0, 10, 10, 31], dtype=torch.int32, device="cuda")
+    cpw = ops.PackedWeights(cp.asarray(pw.packed), cp.asarray(pw.row_scale), G, N, K)
+    out = ops.grouped_gemm(cp.asarray(xq.view(torch.uint8)), cp.asarray(xs), cpw, group_offsets=cp.asarray(offs))
+    cp.cuda.get_current_stream().synchronize()
+    out_t = torch.as_tensor(out, device="cuda").view(torch.bfloat16)
+    ref = gemm_reference(xq, xs, tw, [(0, 0, 10), (1, 10, 0), (2, 10, 21)])
+    reference_bf16_step_check(out_t, ref, "cupy")
+
+
+def test_bad_arguments():
+    gen = _gen()
+    tw, pw = random_weights(2, 128, 256, gen)
+    xq, xs = quantize_fp8(random_tokens(4, 256, gen))
+    offs = torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda")
+    with pytest.raises(TypeError, match="x"):
+        ops.grouped_gemm(xq.float(), xs, pw, group_offsets=offs)
+    with pytest.raises(ValueError, match="x_scales"):
+        ops.grouped_gemm(xq, xs[:, :1].contiguous(), pw, group_offsets=offs)
+    with pytest.raises(ValueError, match="group_offsets"):
+        ops.grouped_gemm(xq, xs, pw, group_offsets=offs[:2])
+    with pytest.raises(ValueError, match="CUDA"):
+        ops.grouped_gemm(xq.cpu(), xs, pw, group_offsets=offs)
+    with pytest.raises(ValueError, match="block_n"):
+        ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=24)
