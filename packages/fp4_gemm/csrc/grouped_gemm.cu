@@ -28,9 +28,16 @@ struct GemmArgs {
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
 grouped_gemm_bf16_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs args) {
-  extern __shared__ uint8_t smem_raw[];
-  SmemView<Cfg> sm{reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
+  // The dynamic shared memory window starts at offset 0 (no static shared memory in this kernel),
+  // so it is 1024-byte aligned as the 128-byte swizzle needs; checked, not assumed. Pointers stay
+  // in the shared address space (LDS, not generic loads).
+  extern __shared__ __align__(1024) uint8_t smem[];
+  SmemView<Cfg> sm{smem};
   const int tid = threadIdx.x;
+  if (ptx::smem_addr(smem) % 1024 != 0) {
+    if (tid == 0) report_error(args.err, kErrSmemAlign);
+    return;
+  }
   init_pipeline(sm, tid, kThreads);
   __syncthreads();
 

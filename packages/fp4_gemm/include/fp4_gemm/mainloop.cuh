@@ -27,7 +27,7 @@ constexpr int kMathThreads = kMathWarpgroups * 128;
 constexpr uint64_t kPipelineTimeoutNs = 20ull * 1000 * 1000 * 1000;  // 20 s: a stuck pipeline, not a slow one
 
 // Error codes a kernel leaves in its error word (first error wins).
-enum KernelError : int { kErrNone = 0, kErrTimeoutFull = 1, kErrTimeoutEmpty = 2 };
+enum KernelError : int { kErrNone = 0, kErrTimeoutFull = 1, kErrTimeoutEmpty = 2, kErrSmemAlign = 3 };
 
 __device__ __forceinline__ void report_error(int* err, int code) {
   if (err != nullptr) atomicCAS(err, 0, code);
@@ -52,7 +52,7 @@ struct MainloopConfig {
   static constexpr int kLutOff = kScaleOff + kNumStages * kScaleBytes;
   static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
-  static constexpr int kSmemAlloc = kSmemBytes + 1024;  // room to align the dynamic base
+  static constexpr int kSmemAlloc = kSmemBytes;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
   static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
@@ -125,56 +125,80 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
   return true;
 }
 
+// Decodes the A fragments of this warpgroup's half of stage s (4 k32 steps) into a.
+template <class Cfg>
+__device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, int wg, int tid_in_wg,
+                                             uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
+  const uint8_t* chunk = sm.weights(s) + wg * WL::kWgChunkBytes;
+  const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + WL::kCodeBytes + (warp * 8 + lane / 4) * 8);
+  const uint2* lut = sm.lut();
+#pragma unroll
+  for (int st = 0; st < WL::kStepsPerBlockK; ++st) {
+    const uint2 codes = *reinterpret_cast<const uint2*>(chunk + (st * 128 + tid_in_wg) * WL::kCodeBytesPerThreadStep);
+    const uint32_t sw = st < 2 ? shifts.x : shifts.y;
+    const int s_r = int(int8_t(sw >> (16 * (st & 1)))) - WL::kMinShift;
+    const int s_r8 = int(int8_t(sw >> (16 * (st & 1) + 8))) - WL::kMinShift;
+    decode_step(codes, lut[s_r], lut[s_r8], a[st]);
+  }
+}
+
 // One math warpgroup: accumulates its 64 weight rows x kBlockN tokens of tile t into acc
 // (promoted FP32: per 128-K block, fresh wgmma partial sums times the tokens' scales).
-// Returns false on timeout.
+// Software-pipelined: the next stage is decoded while this stage's wgmmas run. Returns false on
+// timeout.
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedProblem& pb, int wg,
                                          int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
                                          int* err) {
   using Mma = WgmmaRS<Cfg::kBlockN>;
-  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
+  constexpr int kSteps = WL::kStepsPerBlockK;
+  const int lane = tid_in_wg % 32;
   const int k_blocks = pb.k / Cfg::kBlockK;
-  const uint2* lut = sm.lut();
   float part[Cfg::kAccRegs];
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
+  uint32_t a[kSteps][4], a_next[kSteps][4];
+  if (!ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
+    report_error(err, kErrTimeoutFull);
+    return false;
+  }
+  decode_stage(sm, iter % Cfg::kNumStages, wg, tid_in_wg, a);
+
   for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
     const int s = iter % Cfg::kNumStages;
-    const uint32_t phase = (iter / Cfg::kNumStages) & 1;
-    if (!ptx::mbar_wait(sm.full(s), phase, kPipelineTimeoutNs)) {
-      report_error(err, kErrTimeoutFull);
-      return false;
-    }
-    const uint8_t* chunk = sm.weights(s) + wg * WL::kWgChunkBytes;
-    const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + WL::kCodeBytes + (warp * 8 + lane / 4) * 8);
-    uint32_t a[WL::kStepsPerBlockK][4];
-#pragma unroll
-    for (int st = 0; st < WL::kStepsPerBlockK; ++st) {
-      const uint2 codes = *reinterpret_cast<const uint2*>(chunk + (st * 128 + tid_in_wg) * WL::kCodeBytesPerThreadStep);
-      const uint32_t sw = st < 2 ? shifts.x : shifts.y;
-      const int s_r = int(int8_t(sw >> (16 * (st & 1)))) - WL::kMinShift;
-      const int s_r8 = int(int8_t(sw >> (16 * (st & 1) + 8))) - WL::kMinShift;
-      decode_step(codes, lut[s_r], lut[s_r8], a[st]);
-    }
     const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int st = 0; st < WL::kStepsPerBlockK; ++st)
-      Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
+    for (int st = 0; st < kSteps; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
     ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
 
-    // Scales of this thread's token columns 8j + 2(lane%4) + {0,1}.
+    // While the tensor cores run: this stage's token scales (columns 8j + 2(lane%4) + {0,1}) and
+    // the next stage's A fragments.
     const float* sc = sm.scales(s);
     float2 scale[Cfg::kBlockN / 8];
 #pragma unroll
     for (int j = 0; j < Cfg::kBlockN / 8; ++j) scale[j] = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * (lane % 4));
+    if (kb + 1 < k_blocks) {
+      const int sn = (iter + 1) % Cfg::kNumStages;
+      if (!ptx::mbar_wait(sm.full(sn), ((iter + 1) / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
+        report_error(err, kErrTimeoutFull);
+        ptx::wgmma_wait<0>();
+        return false;
+      }
+      decode_stage(sm, sn, wg, tid_in_wg, a_next);
+    }
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
+    // The in-flight wgmmas read a[] until the wait: keep it live so a_next gets other registers.
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) ptx::fence_operand(a[st][r]);
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(sm.empty(s));
 #pragma unroll
@@ -184,6 +208,10 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
       acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[j].x, acc[4 * j + 2]);
       acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[j].y, acc[4 * j + 3]);
     }
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[st][r] = a_next[st][r];
   }
   return true;
 }
