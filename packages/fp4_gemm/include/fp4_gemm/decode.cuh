@@ -25,6 +25,17 @@ __device__ __forceinline__ void fill_shift_lut(uint2* lut, int tid, int nthreads
   }
 }
 
+// Shifts in [kMinFastShift, kMaxShift] give all-normal E4M3 codes, so their LUT is the shift-0 LUT
+// with 8*shift added to every non-zero byte (no carries between bytes in that range). Smaller
+// shifts need subnormal rounding: they read the shared-memory table (a warp-uniform slow path).
+constexpr int kMinFastShift = -5;
+constexpr uint32_t kLut0Lo = 0x3C383000u;  // E4M3 of 0, .5, 1, 1.5
+constexpr uint32_t kLut0Hi = 0x4C484440u;  // E4M3 of 2, 3, 4, 6
+
+__device__ __forceinline__ uint2 fast_shift_lut(int s) {
+  return make_uint2(kLut0Lo + uint32_t(s) * 0x08080800u, kLut0Hi + uint32_t(s) * 0x08080808u);
+}
+
 // One packed word (8 codes of one row) -> two A registers: `lo` = k c..c+3, `hi` = k c+16..c+19.
 __device__ __forceinline__ void decode_word(uint32_t w, uint2 lut, uint32_t& lo, uint32_t& hi) {
   const uint32_t mag = w & 0x77777777u;

@@ -72,6 +72,13 @@ struct SmemView {
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
 };
 
+// Token scales live in shared memory permuted so that a math thread's kBlockN / 4 scales are
+// contiguous (vector loads): token 8j + 2q + c (q = lane % 4) sits at q * kBlockN / 4 + 2j + c.
+template <int kBlockN>
+__device__ __forceinline__ int scale_slot(int token) {
+  return ((token % 8) / 2) * (kBlockN / 4) + 2 * (token / 8) + token % 2;
+}
+
 template <class Cfg>
 __device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, int nthreads) {
   if (tid == 0) {
@@ -119,7 +126,7 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
     // stored, and each output column depends only on its own token).
     float* dst = sm.scales(s);
     for (int i = lane; i < t.rows; i += 32)
-      ptx::cp_async_4(dst + i, x.scales + (t.row0 + i) * x.scale_stride + kb);
+      ptx::cp_async_4(dst + scale_slot<Cfg::kBlockN>(i), x.scales + (t.row0 + i) * x.scale_stride + kb);
     ptx::cp_async_arrive_noinc(sm.full(s));
   }
   return true;
@@ -129,17 +136,30 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
 template <class Cfg>
 __device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, int wg, int tid_in_wg,
                                              uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  constexpr int kSteps = WL::kStepsPerBlockK;
   const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
   const uint8_t* chunk = sm.weights(s) + wg * WL::kWgChunkBytes;
   const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + WL::kCodeBytes + (warp * 8 + lane / 4) * 8);
-  const uint2* lut = sm.lut();
+  // sh[2 * step + h]: shift of row r + 8h in k32 step `step`.
+  int sh[2 * kSteps];
+  int smin = WL::kMaxShift;
 #pragma unroll
-  for (int st = 0; st < WL::kStepsPerBlockK; ++st) {
+  for (int i = 0; i < 2 * kSteps; ++i) {
+    sh[i] = int(int8_t((i < 4 ? shifts.x : shifts.y) >> (8 * (i % 4))));
+    smin = min(smin, sh[i]);
+  }
+  uint2 lut[2 * kSteps];
+  if (__any_sync(0xffffffffu, smin < kMinFastShift)) {
+#pragma unroll
+    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = sm.lut()[sh[i] - WL::kMinShift];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = fast_shift_lut(sh[i]);
+  }
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
     const uint2 codes = *reinterpret_cast<const uint2*>(chunk + (st * 128 + tid_in_wg) * WL::kCodeBytesPerThreadStep);
-    const uint32_t sw = st < 2 ? shifts.x : shifts.y;
-    const int s_r = int(int8_t(sw >> (16 * (st & 1)))) - WL::kMinShift;
-    const int s_r8 = int(int8_t(sw >> (16 * (st & 1) + 8))) - WL::kMinShift;
-    decode_step(codes, lut[s_r], lut[s_r8], a[st]);
+    decode_step(codes, lut[2 * st], lut[2 * st + 1], a[st]);
   }
 }
 
@@ -159,14 +179,15 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
-  uint32_t a[kSteps][4], a_next[kSteps][4];
+  uint32_t a0[kSteps][4], a1[kSteps][4];
   if (!ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
     report_error(err, kErrTimeoutFull);
     return false;
   }
-  decode_stage(sm, iter % Cfg::kNumStages, wg, tid_in_wg, a);
+  decode_stage(sm, iter % Cfg::kNumStages, wg, tid_in_wg, a0);
 
-  for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
+  // One K block: wgmmas on `a` (already decoded), then, under them, the next stage into `a_next`.
+  auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4]) -> bool {
     const int s = iter % Cfg::kNumStages;
     const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
 #pragma unroll
@@ -176,12 +197,18 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     for (int st = 0; st < kSteps; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
     ptx::wgmma_commit();
 
-    // While the tensor cores run: this stage's token scales (columns 8j + 2(lane%4) + {0,1}) and
-    // the next stage's A fragments.
-    const float* sc = sm.scales(s);
-    float2 scale[Cfg::kBlockN / 8];
+    float scale[Cfg::kBlockN / 4];  // scale[2j + c] for token 8j + 2(lane%4) + c
+    const float* sc = sm.scales(s) + (lane % 4) * (Cfg::kBlockN / 4);
+    if constexpr (Cfg::kBlockN >= 16) {
 #pragma unroll
-    for (int j = 0; j < Cfg::kBlockN / 8; ++j) scale[j] = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * (lane % 4));
+      for (int v = 0; v < Cfg::kBlockN / 16; ++v) {
+        const float4 f = reinterpret_cast<const float4*>(sc)[v];
+        scale[4 * v] = f.x, scale[4 * v + 1] = f.y, scale[4 * v + 2] = f.z, scale[4 * v + 3] = f.w;
+      }
+    } else {
+      const float2 f = *reinterpret_cast<const float2*>(sc);
+      scale[0] = f.x, scale[1] = f.y;
+    }
     if (kb + 1 < k_blocks) {
       const int sn = (iter + 1) % Cfg::kNumStages;
       if (!ptx::mbar_wait(sm.full(sn), ((iter + 1) / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
@@ -194,7 +221,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
-    // The in-flight wgmmas read a[] until the wait: keep it live so a_next gets other registers.
+    // The wgmmas read a[] until the wait: keep it live so a_next gets other registers.
 #pragma unroll
     for (int st = 0; st < kSteps; ++st)
 #pragma unroll
@@ -203,15 +230,18 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     if (lane == 0) ptx::mbar_arrive(sm.empty(s));
 #pragma unroll
     for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-      acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[j].x, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], scale[j].y, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[j].x, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[j].y, acc[4 * j + 3]);
+      acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[2 * j], acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(part[4 * j + 1], scale[2 * j + 1], acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[2 * j], acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[2 * j + 1], acc[4 * j + 3]);
     }
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) a[st][r] = a_next[st][r];
+    ++iter;
+    return true;
+  };
+  // Unrolled by two so the two fragment buffers swap roles without register moves.
+  for (int kb = 0; kb < k_blocks; kb += 2) {
+    if (!kblock(kb, a0, a1)) return false;
+    if (kb + 1 < k_blocks && !kblock(kb + 1, a1, a0)) return false;
   }
   return true;
 }
