@@ -22,9 +22,12 @@ def commit() -> str:
         return "unknown"
 
 
-def time_cuda(fn, *, warmup=5, reps=30, setup=None) -> float:
-    """Median seconds of fn() over `reps` CUDA-event-timed calls after `warmup` calls.
-    `setup(i)` (untimed) may rotate inputs between calls."""
+def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None) -> float:
+    """Median seconds per fn() call, from CUDA events around `batch` back-to-back calls (so host
+    launch overhead overlaps the GPU work, as in a real stream), over `reps` batches after
+    `warmup` calls. `setup(i)` (untimed, synchronised; forces batch=1) may rotate inputs."""
+    if setup is not None:
+        batch = 1
     for i in range(warmup):
         if setup:
             setup(i)
@@ -34,12 +37,14 @@ def time_cuda(fn, *, warmup=5, reps=30, setup=None) -> float:
     for i in range(reps):
         if setup:
             setup(i)
+            torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(batch):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
+        times.append(a.elapsed_time(b) * 1e-3 / batch)
     times.sort()
     return times[len(times) // 2]
 

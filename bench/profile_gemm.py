@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm import random_packed  # noqa: E402
+from gemm import gaussian_packed, random_packed  # noqa: E402
 
 from fp4_gemm import ops, quantize_fp8  # noqa: E402
 
@@ -16,7 +16,7 @@ from fp4_gemm import ops, quantize_fp8  # noqa: E402
 def main():
     lay, G, m, N, K = sys.argv[1], *map(int, sys.argv[2:6])
     block_n = int(sys.argv[6]) if len(sys.argv) > 6 else None
-    w = random_packed(G, N, K)
+    w = (random_packed if len(sys.argv) > 7 and sys.argv[7] == 'uniform' else gaussian_packed)(G, N, K)
     xq, xs = quantize_fp8(torch.randn(G * m, K, device="cuda").to(torch.bfloat16))
     for _ in range(2):
         if lay == "contiguous":

@@ -68,8 +68,9 @@ template <int kBlockN, int kStages>
 int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t stream) {
   using Cfg = MainloopConfig<kBlockN, kStages>;
   auto kernel = grouped_gemm_bf16_kernel<Cfg>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
-  if (e != cudaSuccess) return int(e);
+  // Once per process and instantiation (not on every launch: it costs host time).
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
+  if (attr != cudaSuccess) return int(attr);
   kernel<<<num_sms, kThreads, Cfg::kSmemAlloc, stream>>>(map, a);
   return int(cudaGetLastError());
 }

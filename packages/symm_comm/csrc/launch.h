@@ -1,0 +1,44 @@
+// Shared launcher helpers (host side).
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "symm_api.h"
+#include "symm_comm/layout.cuh"
+#include "symm_comm/pool.cuh"
+
+namespace symm_host {
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline int check_layout(const SymmLayout* L) {
+  if (!L || L->version != SYMM_LAYOUT_VERSION || L->num_ranks < 1 || L->num_ranks > 64 || L->total_bytes <= 0)
+    return SYMM_ELAYOUT;
+  return SYMM_OK;
+}
+
+// Cooperative launch of `kernel` over min(num_sms, co-resident capacity) CTAs of `threads`.
+template <typename Kernel, typename... Args>
+int launch_coop(Kernel kernel, int threads, size_t smem, int num_sms, cudaStream_t stream, Args... args) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return (int)e;
+  int sms = 0, coop = 0;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
+  if ((e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev)) != cudaSuccess) return (int)e;
+  if (!coop) return SYMM_ECOOP;
+  if (smem > 48 * 1024) {
+    if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
+      return (int)e;
+  }
+  int per_sm = 0;
+  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem)) != cudaSuccess) return (int)e;
+  if (per_sm < 1) return SYMM_ECOOP;
+  int grid = (num_sms > 0 && num_sms < sms) ? num_sms : sms;
+  if (grid > sms * per_sm) grid = sms * per_sm;
+  void* argv[] = {reinterpret_cast<void*>(&args)...};
+  e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(threads), argv, smem, stream);
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaGetLastError();
+}
+
+}  // namespace symm_host

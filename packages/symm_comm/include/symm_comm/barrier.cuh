@@ -1,0 +1,82 @@
+// symm_comm/barrier.cuh — grid barrier (atomic counter with a time limit) and the cross-rank
+// barrier (monotonic epochs stored with st.release.sys, polled with ld.acquire.sys, time limit).
+// No counter is ever reset between calls: an epoch only grows, so a late reader can never see a
+// value from a reset race. On a timeout the functions report to the error word and return false;
+// the caller returns from the kernel.
+#pragma once
+#include <stdint.h>
+#include "symm_comm/errors.cuh"
+#include "symm_comm/layout.cuh"
+#include "symm_comm/ptx.cuh"
+
+#if defined(__CUDACC__)
+namespace symm {
+
+__device__ __forceinline__ bool timed_out(uint64_t deadline) { return ptx::globaltimer() > deadline; }
+
+// Grid barrier among `ngroups` groups (CTAs, or warp groups of a persistent kernel), all resident.
+// Called by ONE thread per group (its leader) after the group synchronised and fenced; returns false
+// on timeout (error reported). Bit-31 flip scheme: group 0 adds 0x80000000 - (ngroups - 1), the
+// others add 1, so every completed barrier adds exactly 2^31 and the word needs no reset.
+__device__ __forceinline__ bool grid_barrier_leader(uint32_t* bar, bool first_group, uint32_t ngroups,
+                                                    uint64_t deadline, const ErrSink& err, int phase) {
+  const uint32_t inc = first_group ? (0x80000000u - (ngroups - 1u)) : 1u;
+  ptx::fence_acq_rel_sys();  // everything this group wrote (incl. peer memory) is ordered before
+  const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(bar, inc);
+  uint32_t cur;
+  int spins = 0;
+  while ((((cur = ptx::ld_acquire_gpu_u32(bar)) ^ old) & 0x80000000u) == 0) {
+    if ((++spins & 63) == 0 && timed_out(deadline)) {
+      report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Thread `r` (r < num_ranks) of ONE group publishes `epoch` to rank r's signal slot for this rank.
+__device__ __forceinline__ void rank_signal(const uint64_t* peers, const SymmLayout& L, int op, uint64_t epoch,
+                                            int r) {
+  if (r < L.num_ranks) ptx::st_release_sys_u64(signals(peers[r], L, op) + L.rank, epoch);
+}
+
+// Thread `r` (r < num_ranks) of EVERY group waits until rank r published >= epoch to us.
+// Returns false on timeout (error reported, what = r).
+__device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout& L, int op, uint64_t epoch, int r,
+                                          uint64_t deadline, const ErrSink& err, int phase) {
+  if (r >= L.num_ranks) return true;
+  const uint64_t* sig = signals(local_base, L, op) + r;
+  uint64_t v;
+  int spins = 0;
+  while ((v = ptx::ld_acquire_sys_u64(sig)) < epoch) {
+    if ((++spins & 15) == 0) {
+      if (timed_out(deadline)) {
+        report_error(err, SYMM_ERR_TIMEOUT, phase, r, (int32_t)v);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Convenience for standalone kernels: full-CTA grid barrier + cross-rank barrier.
+// All threads of the CTA call it; returns the same bool in every thread.
+__device__ __forceinline__ bool cta_grid_and_rank_barrier(uint32_t* grid_bar, const uint64_t* peers,
+                                                          uint64_t local_base, const SymmLayout& L, int op,
+                                                          uint64_t epoch, uint64_t deadline, const ErrSink& err,
+                                                          int grid_phase, int rank_phase, int* smem_flag) {
+  ptx::fence_acq_rel_sys();
+  __syncthreads();
+  if (threadIdx.x == 0) *smem_flag = grid_barrier_leader(grid_bar, blockIdx.x == 0, gridDim.x, deadline, err, grid_phase);
+  __syncthreads();
+  if (!*smem_flag) return false;
+  if (blockIdx.x == 0) rank_signal(peers, L, op, epoch, threadIdx.x);
+  bool ok = rank_wait(local_base, L, op, epoch, threadIdx.x, deadline, err, rank_phase);
+  __syncthreads();
+  if (!ok) *smem_flag = 0;
+  __syncthreads();
+  return *smem_flag != 0;
+}
+
+}  // namespace symm
+#endif

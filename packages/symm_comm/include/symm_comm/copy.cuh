@@ -1,0 +1,60 @@
+// symm_comm/copy.cuh — warp-wide row copies with 16-byte vectors, many vectors in flight per lane,
+// and a grid-wide byte copy. Load policy is a template parameter:
+//   kCoherent = true : ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
+//   kCoherent = false: ld.global.nc (local data written by an EARLIER kernel).
+#pragma once
+#include <stdint.h>
+#include "symm_comm/ptx.cuh"
+
+#if defined(__CUDACC__)
+namespace symm {
+
+template <bool kCoherent>
+__device__ __forceinline__ int4 ld_v4(const int4* p) {
+  if constexpr (kCoherent) return ptx::ld_v4_coherent(p);
+  else return ptx::ld_v4_local(p);
+}
+
+// One warp copies n16 16-byte vectors, UNROLL loads in flight per lane before the stores.
+template <int UNROLL, bool kCoherent>
+__device__ __forceinline__ void warp_copy_v4(int4* dst, const int4* src, int n16, int lane) {
+  for (int base = 0; base < n16; base += 32 * UNROLL) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < n16) v[u] = ld_v4<kCoherent>(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < n16) ptx::st_v4(dst + i, v[u]);
+    }
+  }
+}
+
+// One warp copies n 4-byte words (small rows: scales).
+template <bool kCoherent>
+__device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src, int n, int lane) {
+  for (int i = lane; i < n; i += 32) {
+    uint32_t v;
+    if constexpr (kCoherent) v = (uint32_t)ptx::ld_relaxed_sys_s32(reinterpret_cast<const int32_t*>(src + i));
+    else v = __ldg(src + i);
+    dst[i] = v;
+  }
+}
+
+// All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4).
+__device__ __forceinline__ void grid_copy_bytes(void* dst, const void* src, int64_t nbytes, int64_t gtid,
+                                                int64_t gthreads) {
+  const int64_t n16 = nbytes / 16;
+  const int4* s = reinterpret_cast<const int4*>(src);
+  int4* d = reinterpret_cast<int4*>(dst);
+  for (int64_t i = gtid; i < n16; i += gthreads) ptx::st_v4(d + i, ptx::ld_v4_local(s + i));
+  const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
+  uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = n16 * 4 + gtid; i < nbytes / 4; i += gthreads) d4[i] = __ldg(s4 + i);
+}
+
+}  // namespace symm
+#endif

@@ -1,0 +1,240 @@
+// symm_comm/dispatch.cuh — expert-granular EP dispatch, as device functions a fused kernel can run
+// inside its own warps (all state from the caller). The standalone kernel (csrc/dispatch.cu) is:
+//   stage_inputs + push_metadata  ->  grid barrier + cross-rank barrier  ->  build_pool_tables
+//   -> publish_layout (group 0) -> pad_blocks -> pull_rows.
+// Phase A (push): each source rank scans its topk_idx and writes, into the OWNER of each expert
+//   (rank e / L), the count and the (token * K + k) of every slot of (local expert, source); slots in
+//   row-major (token, k) order. The source also stages x / scales / weights in its own buffer.
+// Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
+//   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
+#pragma once
+#include <stdint.h>
+#include "symm_comm/copy.cuh"
+#include "symm_comm/errors.cuh"
+#include "symm_comm/layout.cuh"
+#include "symm_comm/pool.cuh"
+#include "symm_comm/ptx.cuh"
+#include "symm_comm/workers.cuh"
+
+#if defined(__CUDACC__)
+namespace symm {
+
+struct DispatchArgs {
+  const void* x;         // FP8 [T, H] contiguous (16-byte aligned)
+  const float* scales;   // FP32 [T, H / 128] contiguous
+  const void* topk_idx;  // int32 or int64 [T, K] contiguous
+  const float* topk_w;   // FP32 [T, K] contiguous (may be null: weights 0... staged as 0)
+  int32_t num_tokens;    // T of this rank, <= L.max_tokens
+  int32_t masked;        // 0 contiguous, 1 masked pool layout
+  int32_t parity;        // epoch & 1
+  int32_t pad_;
+};
+
+template <typename IdxT>
+__device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
+  return (int64_t)__ldg(reinterpret_cast<const IdxT*>(p) + i);
+}
+
+// Grid-wide (all groups): stage this rank's x / scales / weights into its own buffer half `parity`,
+// build the per-token mask of valid k, and report out-of-range expert ids.
+template <typename IdxT>
+__device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout& L, uint64_t local,
+                                             const DispatchArgs& a, const ErrSink& err) {
+  const int64_t T = a.num_tokens, H = L.hidden, K = L.topk, S = L.scale_cols;
+  const int64_t gt = W.gthread(), nt = W.total_threads();
+  uint8_t* sx = stage_x(local, L, a.parity);
+  if (a.x != sx) grid_copy_bytes(sx, a.x, T * H, gt, nt);
+  float* ss = stage_s(local, L, a.parity);
+  if (a.scales != ss) grid_copy_bytes(ss, a.scales, T * S * 4, gt, nt);
+  float* sw = stage_w(local, L, a.parity);
+  if (a.topk_w) {
+    if (a.topk_w != sw) grid_copy_bytes(sw, a.topk_w, T * K * 4, gt, nt);
+  } else {
+    for (int64_t i = gt; i < T * K; i += nt) sw[i] = 0.f;
+  }
+  uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
+  for (int64_t t = gt; t < T; t += nt) {
+    uint32_t m = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = load_idx<IdxT>(a.topk_idx, t * K + k);
+      if (e >= 0 && e < L.num_experts) m |= 1u << k;
+      else if (e != -1) report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
+    }
+    kmask[t] = m;
+  }
+}
+
+// Phase A metadata push. Group g handles global experts e = g, g + ngroups, ...: a two-pass ballot
+// scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives every match its slot
+// in row-major order; slots go to the owner's meta_slots, the count to its meta_count.
+// scratch: >= nwarps + 1 ints of shared memory private to the group.
+template <typename IdxT>
+__device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                              const DispatchArgs& a, int32_t* scratch, const ErrSink& err) {
+  constexpr int U = 4;
+  const int64_t N = (int64_t)a.num_tokens * L.topk;
+  const int Lx = L.num_local_experts;
+  const int64_t chunk = ((N + W.nwarps - 1) / W.nwarps + 31) / 32 * 32;
+  const int64_t beg = W.warp * chunk, end = beg + chunk < N ? beg + chunk : N;
+  const uint32_t lt = (1u << W.lane) - 1u;
+  for (int e = W.group; e < L.num_experts; e += W.ngroups) {
+    const int owner = e / Lx, le = e % Lx;
+    // pass 1: count
+    int32_t cnt = 0;
+    for (int64_t base = beg; base < end; base += 32 * U) {
+      bool m[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = base + u * 32 + W.lane;
+        m[u] = i < end && load_idx<IdxT>(a.topk_idx, i) == e;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, m[u]));
+    }
+    if (W.lane == 0) scratch[W.warp] = cnt;
+    W.sync();
+    if (W.tid() == 0) {
+      int32_t acc = 0;
+      for (int w = 0; w < W.nwarps; ++w) {
+        const int32_t c = scratch[w];
+        scratch[w] = acc;
+        acc += c;
+      }
+      scratch[W.nwarps] = acc;
+    }
+    W.sync();
+    // pass 2: slots (peer stores)
+    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t run = scratch[W.warp];
+    const int32_t total = scratch[W.nwarps];
+    if (cnt > 0) {
+      for (int64_t base = beg; base < end; base += 32 * U) {
+        bool m[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t i = base + u * 32 + W.lane;
+          m[u] = i < end && load_idx<IdxT>(a.topk_idx, i) == e;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+          const int32_t slot = run + __popc(b & lt);
+          if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
+          run += __popc(b);
+        }
+      }
+    }
+    if (W.tid() == 0) {
+      meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = total < L.max_tokens ? total : L.max_tokens;
+      if (total > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, total);
+    }
+    W.sync();  // scratch reuse
+  }
+}
+
+// Checks the pool capacity; returns false (and reports, group 0 only) if the rows do not fit.
+__device__ __forceinline__ bool check_capacity(const Workers& W, const SymmLayout& L, const PoolTables& t,
+                                               bool masked, const ErrSink& err) {
+  const int Lx = L.num_local_experts;
+  if (masked) {
+    bool ok = true;
+    for (int le = 0; le < Lx; ++le) {
+      if (t.le_count[le] > L.max_m) {
+        if (W.group == 0 && W.tid() == 0)
+          report_error(err, SYMM_ERR_MASKED_OVERFLOW, SYMM_PHASE_DISPATCH_LAYOUT, le, t.le_count[le]);
+        ok = false;
+        break;
+      }
+    }
+    return ok;
+  }
+  if ((int64_t)t.le_start[Lx] > L.pool_rows) {
+    if (W.group == 0 && W.tid() == 0)
+      report_error(err, SYMM_ERR_POOL_OVERFLOW, SYMM_PHASE_DISPATCH_LAYOUT, t.le_start[Lx], (int32_t)L.pool_rows);
+    return false;
+  }
+  return true;
+}
+
+// Group 0 publishes the layout for consumers and for combine (local memory).
+__device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayout& L, uint64_t local,
+                                               const PoolTables& t) {
+  const int Lx = L.num_local_experts, R = L.num_ranks;
+  int32_t* ec = at<int32_t>(local, L.off_exp_counts);
+  int32_t* eo = at<int32_t>(local, L.off_exp_offsets);
+  int32_t* sc = at<int32_t>(local, L.off_src_counts);
+  for (int i = W.tid(); i < Lx; i += W.nthreads()) ec[i] = t.le_count[i];
+  for (int i = W.tid(); i <= Lx; i += W.nthreads()) eo[i] = t.le_start[i];
+  for (int i = W.tid(); i < Lx * R; i += W.nthreads()) sc[i] = t.cnt[i];
+}
+
+// Padding: one warp per pool block; marks padding rows row_src = -1 and adds the number of padding
+// rows of the block to its arrival counter (valid rows are added by pull_rows), so every block's
+// counter grows by exactly block_m per dispatch: arrivals[b] == epoch * block_m when complete.
+__device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t) {
+  const int32_t U = t.le_start[L.num_local_experts];
+  uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
+  int32_t* row_src = at<int32_t>(local, L.off_row_src);
+  const int bm = L.block_m;
+  for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
+    const int64_t r0 = b * bm;
+    uint32_t pad = 0;
+    if (r0 >= U) {
+      pad = bm;
+    } else {
+      for (int i = W.lane; i < bm; i += 32) {
+        const int32_t r = (int32_t)(r0 + i);
+        if (!pool_row_valid(L, t, r)) {
+          ++pad;
+          if (r < U) row_src[r] = -1;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) pad += __shfl_xor_sync(0xffffffffu, pad, o);
+    }
+    __syncwarp();
+    if (W.lane == 0 && pad) ptx::red_add_release_gpu_u32(arr + b, pad);
+  }
+}
+
+// Phase B: pull every row this rank owns. Work item q -> source s = (q + rank) % R, j = q / R: the
+// warps in flight at any time spread over all sources (all links busy).
+template <int UNROLL>
+__device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
+                                          const PoolTables& t, int parity) {
+  const int R = L.num_ranks, K = L.topk, T = L.max_tokens;
+  const int64_t H = L.hidden, S = L.scale_cols;
+  int32_t max_total = 0;
+  for (int s = 0; s < R; ++s) max_total = max(max_total, t.src_total(L, s));
+  uint8_t* px = at<uint8_t>(local, L.off_pool_x);
+  float* ps = at<float>(local, L.off_pool_s);
+  float* pw = at<float>(local, L.off_pool_w);
+  int32_t* row_src = at<int32_t>(local, L.off_row_src);
+  uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
+  const int64_t nq = (int64_t)R * max_total;
+  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) {
+    const int s = (int)((q + L.rank) % R);
+    const int32_t j = (int32_t)(q / R);
+    if (j >= t.src_total(L, s)) continue;
+    int le;
+    int32_t slot;
+    const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+    const int32_t flat = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
+    if (flat < 0 || flat >= T * K) continue;  // defensive: never index outside the staging
+    const int32_t tok = flat / K, k = flat - tok * K;
+    const uint64_t src = peers[s];
+    warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + row * H),
+                               reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), (int)(H / 16), W.lane);
+    warp_copy_b32<true>(reinterpret_cast<uint32_t*>(ps + row * S),
+                        reinterpret_cast<const uint32_t*>(stage_s(src, L, parity) + tok * S), (int)S, W.lane);
+    if (W.lane == 0) {
+      pw[row] = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
+      row_src[row] = (s * T + tok) * K + k;
+    }
+    __syncwarp();
+    if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
+  }
+}
+
+}  // namespace symm
+#endif

@@ -1,0 +1,210 @@
+// symm_comm/layout.cuh — THE layout of one rank's symmetric buffer. Every rank's buffer has the
+// same layout (only `rank` differs), so an offset valid here is valid in every peer's mapping.
+// Compiles for host and device. `symm_layout_compute` is the single place sizes and offsets are
+// decided; the C ABI exports it (symm_layout_init) and Python mirrors the struct with ctypes.
+//
+// Regions, in order (each aligned to SYMM_REGION_ALIGN bytes):
+//   signals      u64 [SYMM_NUM_OPS][R]          written by PEERS (st.release.sys of an epoch)
+//   state        SYMM_STATE_BYTES               local: epochs, grid-barrier words, error word
+//   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
+//   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS
+//   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
+//   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
+//   stage_w      f32 [2][T][K]                  top-k weights
+//   kmask        u32 [T]                        local: bit k of token t = topk_idx[t, k] valid
+//   src_counts   i32 [L][R]                     local: rows of (local expert, source) of the last dispatch
+//   exp_counts   i32 [L]                        local: valid rows per local expert
+//   exp_offsets  i32 [L + 1]                    local: segment start per local expert, [L] = rows used
+//   arrivals     u32 [P / block_m]              local: += 1 per arrived (or padding) row, monotonic
+//   row_src      i32 [P]                        local: (src * T + token) * K + k per pool row, -1 = padding
+//   pool_x       u8  [P][H]                     local: expert-major FP8 rows
+//   pool_s       f32 [P][S]
+//   pool_w       f32 [P]
+//   combine      bf16 [2][K][T][H]              written by PEERS in combine (parity = epoch & 1)
+// R = num_ranks, L = num_local_experts = E / R, T = max_tokens (per rank), P = pool_rows.
+// Double-buffered (parity) regions make back-to-back calls safe without an extra barrier: call n+2
+// reuses call n's half only after every peer passed call n+1's barrier, i.e. finished reading it.
+#pragma once
+#include <stdint.h>
+
+#define SYMM_LAYOUT_VERSION 1
+#define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
+#define SYMM_OP_DISPATCH 0
+#define SYMM_OP_COMBINE 1
+#define SYMM_REGION_ALIGN 1024
+#define SYMM_STATE_BYTES 256
+#define SYMM_MAX_TOPK 32    // kmask is a u32
+
+// State words (byte offsets inside the state region).
+#define SYMM_STATE_EPOCH 0        // u64 [SYMM_NUM_OPS]: last completed epoch per op
+#define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: grid-barrier words (flip bit 31)
+#define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct SymmLayout {
+  int64_t total_bytes;
+  int64_t pool_rows;  // P: capacity in rows, a multiple of block_m
+  int64_t off_signals;
+  int64_t off_state;
+  int64_t off_meta_count;
+  int64_t off_meta_slots;
+  int64_t off_stage_x;
+  int64_t off_stage_s;
+  int64_t off_stage_w;
+  int64_t off_kmask;
+  int64_t off_src_counts;
+  int64_t off_exp_counts;
+  int64_t off_exp_offsets;
+  int64_t off_arrivals;
+  int64_t off_row_src;
+  int64_t off_pool_x;
+  int64_t off_pool_s;
+  int64_t off_pool_w;
+  int64_t off_combine;
+  int64_t meta_count_half;  // bytes of one parity half
+  int64_t meta_slots_half;
+  int64_t stage_x_half;
+  int64_t stage_s_half;
+  int64_t stage_w_half;
+  int64_t combine_half;
+  int32_t num_ranks;
+  int32_t rank;
+  int32_t num_experts;
+  int32_t num_local_experts;
+  int32_t hidden;
+  int32_t topk;
+  int32_t max_tokens;
+  int32_t block_m;
+  int32_t max_m;       // rows per expert in the masked layout (L * max_m <= P)
+  int32_t scale_cols;  // H / 128
+  int32_t num_blocks;  // P / block_m (arrival counters)
+  int32_t version;
+} SymmLayout;
+
+#ifdef __cplusplus
+}
+#endif
+
+#if defined(__CUDACC__)
+#define SYMM_LAYOUT_HD __host__ __device__ inline
+#else
+#define SYMM_LAYOUT_HD inline
+#endif
+
+SYMM_LAYOUT_HD int64_t symm_align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Fills *L. Returns 0, or -1 for an invalid configuration (L is then zeroed).
+// pool_rows <= 0: worst case of the contiguous layout, R*T*K + L*(block_m - 1), rounded up.
+// max_m <= 0: min(R * T, P / L) (masked layout: decode, random routing); it never raises P.
+SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, int num_experts, int hidden,
+                                       int topk, int max_tokens, int block_m, int64_t pool_rows, int max_m) {
+  char* raw = (char*)L;
+  for (unsigned i = 0; i < sizeof(SymmLayout); ++i) raw[i] = 0;
+  if (num_ranks < 1 || rank < 0 || rank >= num_ranks || num_experts < num_ranks || num_experts % num_ranks ||
+      hidden <= 0 || hidden % 128 || topk < 1 || topk > SYMM_MAX_TOPK || max_tokens < 1 || block_m < 1 ||
+      block_m > 4096 || pool_rows < 0 || max_m < 0)
+    return -1;
+  const int64_t R = num_ranks, E = num_experts, Lx = E / R, H = hidden, K = topk, T = max_tokens;
+  const int64_t S = H / 128;
+  int64_t P = pool_rows > 0 ? pool_rows : R * T * K + Lx * (block_m - 1);
+  int64_t mm = max_m > 0 ? max_m : (R * T < P / Lx ? R * T : P / Lx);
+  if (mm < 1) mm = 1;
+  if (Lx * mm > P) P = Lx * mm;
+  P = symm_align_up(P, block_m);
+  if (P >= ((int64_t)1 << 31) || R * T * K >= ((int64_t)1 << 31) || mm >= ((int64_t)1 << 31)) return -1;
+
+  L->num_ranks = num_ranks;
+  L->rank = rank;
+  L->num_experts = num_experts;
+  L->num_local_experts = (int32_t)Lx;
+  L->hidden = hidden;
+  L->topk = topk;
+  L->max_tokens = max_tokens;
+  L->block_m = block_m;
+  L->max_m = (int32_t)mm;
+  L->scale_cols = (int32_t)S;
+  L->pool_rows = P;
+  L->num_blocks = (int32_t)(P / block_m);
+  L->version = SYMM_LAYOUT_VERSION;
+  L->meta_count_half = symm_align_up(Lx * R * 4, 16);
+  L->meta_slots_half = symm_align_up(Lx * R * T * 4, 16);
+  L->stage_x_half = symm_align_up(T * H, 16);
+  L->stage_s_half = symm_align_up(T * S * 4, 16);
+  L->stage_w_half = symm_align_up(T * K * 4, 16);
+  L->combine_half = symm_align_up(K * T * H * 2, 16);
+
+  int64_t off = 0;
+#define SYMM_REGION(field, bytes)            \
+  L->field = off;                            \
+  off = symm_align_up(off + (bytes), SYMM_REGION_ALIGN);
+  SYMM_REGION(off_signals, (int64_t)SYMM_NUM_OPS * R * 8)
+  SYMM_REGION(off_state, SYMM_STATE_BYTES)
+  SYMM_REGION(off_meta_count, 2 * L->meta_count_half)
+  SYMM_REGION(off_meta_slots, 2 * L->meta_slots_half)
+  SYMM_REGION(off_stage_x, 2 * L->stage_x_half)
+  SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
+  SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
+  SYMM_REGION(off_kmask, T * 4)
+  SYMM_REGION(off_src_counts, Lx * R * 4)
+  SYMM_REGION(off_exp_counts, Lx * 4)
+  SYMM_REGION(off_exp_offsets, (Lx + 1) * 4)
+  SYMM_REGION(off_arrivals, (P / block_m) * 4)
+  SYMM_REGION(off_row_src, P * 4)
+  SYMM_REGION(off_pool_x, P * H)
+  SYMM_REGION(off_pool_s, P * S * 4)
+  SYMM_REGION(off_pool_w, P * 4)
+  SYMM_REGION(off_combine, 2 * L->combine_half)
+#undef SYMM_REGION
+  L->total_bytes = off;
+  return 0;
+}
+
+#if defined(__CUDACC__)
+namespace symm {
+// Typed pointer into a buffer whose base is `base` (local or a peer's mapping).
+template <typename T>
+__host__ __device__ __forceinline__ T* at(uint64_t base, int64_t off) {
+  return reinterpret_cast<T*>(base + (uint64_t)off);
+}
+__host__ __device__ __forceinline__ uint64_t* signals(uint64_t base, const SymmLayout& L, int op) {
+  return at<uint64_t>(base, L.off_signals) + (int64_t)op * L.num_ranks;
+}
+__host__ __device__ __forceinline__ uint64_t* state_epoch(uint64_t base, const SymmLayout& L) {
+  return at<uint64_t>(base, L.off_state + SYMM_STATE_EPOCH);
+}
+__host__ __device__ __forceinline__ uint32_t* state_grid_bar(uint64_t base, const SymmLayout& L, int op) {
+  return at<uint32_t>(base, L.off_state + SYMM_STATE_GRID_BAR) + op;
+}
+__host__ __device__ __forceinline__ int32_t* state_err(uint64_t base, const SymmLayout& L) {
+  return at<int32_t>(base, L.off_state + SYMM_STATE_ERR);
+}
+// meta_count[parity][le][src]
+__host__ __device__ __forceinline__ int32_t* meta_count(uint64_t base, const SymmLayout& L, int parity) {
+  return at<int32_t>(base, L.off_meta_count + parity * L.meta_count_half);
+}
+// meta_slots[parity][le][src][slot]
+__host__ __device__ __forceinline__ int32_t* meta_slots(uint64_t base, const SymmLayout& L, int parity, int le,
+                                                        int src) {
+  return at<int32_t>(base, L.off_meta_slots + parity * L.meta_slots_half) +
+         ((int64_t)le * L.num_ranks + src) * L.max_tokens;
+}
+__host__ __device__ __forceinline__ uint8_t* stage_x(uint64_t base, const SymmLayout& L, int parity) {
+  return at<uint8_t>(base, L.off_stage_x + parity * L.stage_x_half);
+}
+__host__ __device__ __forceinline__ float* stage_s(uint64_t base, const SymmLayout& L, int parity) {
+  return at<float>(base, L.off_stage_s + parity * L.stage_s_half);
+}
+__host__ __device__ __forceinline__ float* stage_w(uint64_t base, const SymmLayout& L, int parity) {
+  return at<float>(base, L.off_stage_w + parity * L.stage_w_half);
+}
+// combine[parity][k][token][H] (BF16 as uint16)
+__host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const SymmLayout& L, int parity, int k,
+                                                          int token) {
+  return at<uint16_t>(base, L.off_combine + parity * L.combine_half) +
+         ((int64_t)k * L.max_tokens + token) * L.hidden;
+}
+}  // namespace symm
+#endif

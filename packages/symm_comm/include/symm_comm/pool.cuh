@@ -1,0 +1,143 @@
+// symm_comm/pool.cuh — the expert-major pool layout, computed redundantly by every worker group from
+// the per-(local expert, source) row counts (no extra grid barrier). Deterministic: inside a local
+// expert's segment rows are ordered by source rank, then by the source's slot order (token, then k).
+//   contiguous: expert le's segment starts at le_start[le] = sum_{l < le} align_up(count[l], block_m);
+//   masked:     le_start[le] = le * max_m (capacity max_m rows per expert).
+// pos[le][s] = first pool row of (le, s); src_prefix[s][le] = rows of source s in experts < le, used to
+// enumerate work source-interleaved: work item q -> (source, j-th row of that source).
+#pragma once
+#include <stdint.h>
+#include "symm_comm/layout.cuh"
+#include "symm_comm/ptx.cuh"
+#include "symm_comm/workers.cuh"
+
+// Shared-memory ints the tables need (host and device).
+SYMM_LAYOUT_HD int64_t symm_tables_smem_ints(const SymmLayout* L) {
+  const int64_t Lx = L->num_local_experts, R = L->num_ranks;
+  return 2 * Lx * R + R * (Lx + 1) + (Lx + 1) + Lx + 64;
+}
+
+#if defined(__CUDACC__)
+namespace symm {
+
+struct PoolTables {
+  int32_t* cnt;         // [L * R]
+  int32_t* pos;         // [L * R]
+  int32_t* src_prefix;  // [R * (L + 1)]
+  int32_t* le_start;    // [L + 1]; le_start[L] = rows used (U)
+  int32_t* le_count;    // [L]
+  int32_t* scratch;     // [64]
+
+  __device__ __forceinline__ static PoolTables carve(int32_t* smem, const SymmLayout& L) {
+    const int Lx = L.num_local_experts, R = L.num_ranks;
+    PoolTables t;
+    t.cnt = smem;
+    t.pos = t.cnt + Lx * R;
+    t.src_prefix = t.pos + Lx * R;
+    t.le_start = t.src_prefix + R * (Lx + 1);
+    t.le_count = t.le_start + Lx + 1;
+    t.scratch = t.le_count + Lx;
+    return t;
+  }
+  __device__ __forceinline__ int32_t src_total(const SymmLayout& L, int s) const {
+    return src_prefix[s * (L.num_local_experts + 1) + L.num_local_experts];
+  }
+};
+
+// Exclusive scan of value(i), i < n, by ONE warp; out[n] = total.
+template <typename F>
+__device__ __forceinline__ void warp_exclusive_scan(int n, F value, int32_t* out, int lane) {
+  int32_t carry = 0;
+  for (int base = 0; base < n; base += 32) {
+    const int i = base + lane;
+    const int32_t v = i < n ? value(i) : 0;
+    int32_t incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    if (i < n) out[i] = carry + incl - v;
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) out[n] = carry;
+}
+
+// Largest le in [0, n) with arr[le] <= j (arr non-decreasing, arr[0] <= j < arr[n]).
+__device__ __forceinline__ int find_segment(const int32_t* arr, int n, int32_t j) {
+  int lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (arr[mid] <= j) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Builds the tables. counts: [L][R] rows (global memory; read coherently, a peer may have written
+// it). le_start_in: optional [L + 1] segment starts (combine re-uses dispatch's); otherwise they are
+// computed (masked: le * max_m; contiguous: block_m-aligned prefix). All threads of the group call it.
+__device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLayout& L, const PoolTables& t,
+                                                  const int32_t* counts, const int32_t* le_start_in, bool masked) {
+  const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens;
+  for (int i = W.tid(); i < Lx * R; i += W.nthreads()) {
+    int32_t c = ptx::ld_relaxed_sys_s32(counts + i);
+    t.cnt[i] = c < 0 ? 0 : (c > T ? T : c);
+  }
+  W.sync();
+  for (int le = W.tid(); le < Lx; le += W.nthreads()) {
+    int32_t c = 0;
+    for (int s = 0; s < R; ++s) c += t.cnt[le * R + s];
+    t.le_count[le] = c;
+  }
+  W.sync();
+  for (int job = W.warp; job < R + 1; job += W.nwarps) {
+    if (job == 0) {
+      if (le_start_in) {
+        for (int i = W.lane; i <= Lx; i += 32) t.le_start[i] = ptx::ld_relaxed_sys_s32(le_start_in + i);
+      } else if (masked) {
+        for (int i = W.lane; i <= Lx; i += 32) t.le_start[i] = i * L.max_m;
+      } else {
+        const int32_t* cnts = t.le_count;
+        const int bm = L.block_m;
+        warp_exclusive_scan(Lx, [&](int i) { return (cnts[i] + bm - 1) / bm * bm; }, t.le_start, W.lane);
+      }
+    } else {
+      const int s = job - 1;
+      const int32_t* c = t.cnt;
+      warp_exclusive_scan(Lx, [&](int le) { return c[le * R + s]; }, t.src_prefix + s * (Lx + 1), W.lane);
+    }
+  }
+  W.sync();
+  for (int le = W.tid(); le < Lx; le += W.nthreads()) {
+    int32_t p = t.le_start[le];
+    for (int s = 0; s < R; ++s) {
+      t.pos[le * R + s] = p;
+      p += t.cnt[le * R + s];
+    }
+  }
+  W.sync();
+}
+
+// Maps work item j of source s (0 <= j < src_total(s)) to its pool row.
+__device__ __forceinline__ int32_t pool_row_of(const SymmLayout& L, const PoolTables& t, int s, int32_t j, int* le_out,
+                                               int32_t* slot_out) {
+  const int Lx = L.num_local_experts;
+  const int32_t* pre = t.src_prefix + s * (Lx + 1);
+  const int le = find_segment(pre, Lx, j);
+  const int32_t slot = j - pre[le];
+  *le_out = le;
+  *slot_out = slot;
+  return t.pos[le * L.num_ranks + s] + slot;
+}
+
+// Is pool row r (r < U) a real row (not padding)?
+__device__ __forceinline__ bool pool_row_valid(const SymmLayout& L, const PoolTables& t, int32_t r) {
+  const int Lx = L.num_local_experts;
+  if (r >= t.le_start[Lx]) return false;
+  const int le = find_segment(t.le_start, Lx, r);
+  return r - t.le_start[le] < t.le_count[le];
+}
+
+}  // namespace symm
+#endif

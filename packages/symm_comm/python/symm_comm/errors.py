@@ -1,0 +1,52 @@
+"""Exceptions and the decoding of the device error word (include/symm_comm/errors.cuh)."""
+from __future__ import annotations
+
+
+class SymmCommError(RuntimeError):
+    """An error a symm_comm kernel reported (bad expert id, capacity overflow, ...)."""
+
+    def __init__(self, msg: str, words: tuple | None = None):
+        super().__init__(msg)
+        self.words = words
+        if words:
+            self.code, self.rank, self.phase, self.what, self.detail, self.epoch = words[:6]
+
+
+class SymmTimeoutError(SymmCommError, TimeoutError):
+    """A spin-wait (grid or cross-rank barrier) passed its time limit; the kernel returned."""
+
+
+CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
+         4: "more slots than max_tokens_per_rank for one (expert, source) (duplicate expert ids in a token?)",
+         5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows"}
+PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch grid barrier", 3: "dispatch cross-rank barrier",
+          4: "dispatch phase B (pool layout)", 5: "combine peer stores", 6: "combine grid barrier",
+          7: "combine cross-rank barrier"}
+
+
+def describe(words) -> str:
+    code, rank, phase, what, detail, epoch = (int(w) for w in words[:6])
+    ph = PHASES.get(phase, f"phase {phase}")
+    if code == 1:
+        who = "the other CTAs of this rank (grid barrier)" if what < 0 else f"rank {what}"
+        return (f"rank {rank}: timed out in {ph} (epoch {epoch}) waiting for {who}; last value seen {detail}. "
+                "Every rank must make the same sequence of dispatch/combine calls; after a timeout call "
+                "buf.resync() on all ranks")
+    if code == 2:
+        return f"rank {rank}: topk_idx holds expert id {detail} at flat index {what} (token {what}//topk), " \
+               "outside [-1, num_experts)"
+    if code == 3:
+        return f"rank {rank}: pool capacity exceeded in {ph}: {what} rows needed, capacity {detail} rows " \
+               "(raise pool_rows); nothing was written"
+    if code == 4:
+        return f"rank {rank}: {CODES[4]}: expert {what} got {detail} slots"
+    if code == 5:
+        return f"rank {rank}: {CODES[5]}: pool uses {what} rows, expert_out has {detail}"
+    if code == 6:
+        return f"rank {rank}: {CODES[6]}: local expert {what} got {detail} rows (raise max_m)"
+    return f"rank {rank}: error code {code} in {ph} (what {what}, detail {detail})"
+
+
+def make_error(words) -> SymmCommError:
+    cls = SymmTimeoutError if int(words[0]) == 1 else SymmCommError
+    return cls("symm_comm: " + describe(words), tuple(int(w) for w in words))
