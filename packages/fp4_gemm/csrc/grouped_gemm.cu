@@ -13,7 +13,8 @@ namespace {
 
 constexpr int kProducerRegs = 40;
 constexpr int kMathRegs = 232;
-constexpr int kThreads = 128 + kMathThreads;  // producer warpgroup + math warpgroups
+constexpr int kThreads = 128 + kMathThreads;
+constexpr int kMaxDevices = 64;  // producer warpgroup + math warpgroups
 static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file");
 
 struct GemmArgs {
@@ -68,9 +69,15 @@ template <int kBlockN, int kStages>
 int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t stream) {
   using Cfg = MainloopConfig<kBlockN, kStages>;
   auto kernel = grouped_gemm_bf16_kernel<Cfg>;
-  // Once per process and instantiation (not on every launch: it costs host time).
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
-  if (attr != cudaSuccess) return int(attr);
+  // Once per device and instantiation, not on every launch (it costs host time).
+  static bool attr_set[kMaxDevices] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev >= kMaxDevices || !attr_set[dev]) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
+    if (e != cudaSuccess) return int(e);
+    if (dev < kMaxDevices) attr_set[dev] = true;
+  }
   kernel<<<num_sms, kThreads, Cfg::kSmemAlloc, stream>>>(map, a);
   return int(cudaGetLastError());
 }
