@@ -133,13 +133,24 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
 }
 
 // Decodes the A fragments of this warpgroup's half of stage s (4 k32 steps) into a.
+// Per-thread byte offsets into a warpgroup's weight sub-chunk, computed once per kernel.
+struct DecodeOffsets {
+  uint32_t code;   // (tid_in_wg) * 8: this thread's 8 code bytes of k32 step 0
+  uint32_t shift;  // kCodeBytes + (warp * 8 + lane / 4) * 8: its 8 shift bytes
+  __device__ DecodeOffsets(int wg, int tid_in_wg) {
+    code = wg * WL::kWgChunkBytes + tid_in_wg * WL::kCodeBytesPerThreadStep;
+    shift = wg * WL::kWgChunkBytes + WL::kCodeBytes + ((tid_in_wg / 32) * 8 + (tid_in_wg % 32) / 4) * 8;
+    // Opaque: keeps them in registers instead of re-deriving them from %tid inside the loop.
+    asm volatile("" : "+r"(code), "+r"(shift));
+  }
+};
+
 template <class Cfg>
-__device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, int wg, int tid_in_wg,
+__device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, const DecodeOffsets& off,
                                              uint32_t (&a)[WL::kStepsPerBlockK][4]) {
   constexpr int kSteps = WL::kStepsPerBlockK;
-  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
-  const uint8_t* chunk = sm.weights(s) + wg * WL::kWgChunkBytes;
-  const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + WL::kCodeBytes + (warp * 8 + lane / 4) * 8);
+  const uint8_t* chunk = sm.weights(s);
+  const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + off.shift);
   // sh[2 * step + h]: shift of row r + 8h in k32 step `step`.
   int sh[2 * kSteps];
   int smin = WL::kMaxShift;
@@ -158,7 +169,7 @@ __device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, int
   }
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
-    const uint2 codes = *reinterpret_cast<const uint2*>(chunk + (st * 128 + tid_in_wg) * WL::kCodeBytesPerThreadStep);
+    const uint2 codes = *reinterpret_cast<const uint2*>(chunk + off.code + st * 128 * WL::kCodeBytesPerThreadStep);
     decode_step(codes, lut[2 * st], lut[2 * st + 1], a[st]);
   }
 }
@@ -179,12 +190,15 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
+  const DecodeOffsets off(wg, tid_in_wg);
+  uint32_t scale_off = (lane % 4) * (Cfg::kBlockN / 4) * 4;
+  asm volatile("" : "+r"(scale_off));
   uint32_t a0[kSteps][4], a1[kSteps][4];
   if (!ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
     report_error(err, kErrTimeoutFull);
     return false;
   }
-  decode_stage(sm, iter % Cfg::kNumStages, wg, tid_in_wg, a0);
+  decode_stage(sm, iter % Cfg::kNumStages, off, a0);
 
   // One K block: wgmmas on `a` (already decoded), then, under them, the next stage into `a_next`.
   auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4]) -> bool {
@@ -197,8 +211,17 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     for (int st = 0; st < kSteps; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
     ptx::wgmma_commit();
 
+    if (kb + 1 < k_blocks) {
+      const int sn = (iter + 1) % Cfg::kNumStages;
+      if (!ptx::mbar_wait(sm.full(sn), ((iter + 1) / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
+        report_error(err, kErrTimeoutFull);
+        ptx::wgmma_wait<0>();
+        return false;
+      }
+      decode_stage(sm, sn, off, a_next);
+    }
     float scale[Cfg::kBlockN / 4];  // scale[2j + c] for token 8j + 2(lane%4) + c
-    const float* sc = sm.scales(s) + (lane % 4) * (Cfg::kBlockN / 4);
+    const float* sc = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(sm.scales(s)) + scale_off);
     if constexpr (Cfg::kBlockN >= 16) {
 #pragma unroll
       for (int v = 0; v < Cfg::kBlockN / 16; ++v) {
@@ -208,15 +231,6 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     } else {
       const float2 f = *reinterpret_cast<const float2*>(sc);
       scale[0] = f.x, scale[1] = f.y;
-    }
-    if (kb + 1 < k_blocks) {
-      const int sn = (iter + 1) % Cfg::kNumStages;
-      if (!ptx::mbar_wait(sm.full(sn), ((iter + 1) / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
-        report_error(err, kErrTimeoutFull);
-        ptx::wgmma_wait<0>();
-        return false;
-      }
-      decode_stage(sm, sn, wg, tid_in_wg, a_next);
     }
     ptx::wgmma_wait<0>();
 #pragma unroll
