@@ -58,7 +58,7 @@ function(megamoe_cuda_library name)
 endfunction()
 
 function(megamoe_install_headers pkg)
-  if(MEGAMOE_INSTALL_PYTHON)
+  if(MEGAMOE_INSTALL_PYTHON AND EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/include")
     install(DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/include/" DESTINATION ${pkg}/include)
   endif()
 endfunction()
