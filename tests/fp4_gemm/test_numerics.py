@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from fp4_gemm import layout
 from fp4_gemm import numerics as nm
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -82,7 +83,7 @@ def test_header_constants(tmp_path):
     h = tmp_path / "h.cuh"
     h.write_text("struct S {\n  static constexpr int kA = -13;  // c\n  static constexpr int kB = kA * 2;\n"
                  "static constexpr int kC=7;\n};\n")
-    assert nm.header_constants(h) == {"kA": -13, "kC": 7}
+    assert layout.header_constants(h) == {"kA": -13, "kB": -26, "kC": 7}
     assert (nm.MIN_SHIFT, nm.MAX_SHIFT, nm.MIN_EXACT_SHIFT) == (-13, 6, -8)
 
 

@@ -9,7 +9,7 @@
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 constexpr int kPushUnroll = 8;
-constexpr int kReduceK = 4;
+constexpr int kReduceK = 8;
 
 __global__ void __launch_bounds__(kThreads, 1)
     symm_combine_kernel(SymmLayout L, const uint64_t* peers_g, const uint16_t* expert_out, int64_t out_rows,

@@ -49,7 +49,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Phase B
   build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
-  if (!check_capacity(W, L, t, a.masked != 0, err)) return;
+  if (!check_capacity(W, L, t, a.masked != 0, err)) {
+    pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
+    return;
+  }
   if (blockIdx.x == 0) publish_layout(W, L, local, t);
   pad_blocks(W, L, local, t);
   pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity);

@@ -24,13 +24,22 @@ def _header_path() -> Path:
     raise FileNotFoundError(f"{_HEADER} not found next to the package or in the source tree")
 
 
+def header_constants(path) -> dict:
+    """`static constexpr int kName = <expr>;` lines of a C++ header -> {kName: int}. An expression
+    may use integer literals, + - * / ( ) and names declared earlier in the same header."""
+    vals: dict = {}
+    for name, expr in re.findall(r"static\s+constexpr\s+int\s+(k\w+)\s*=\s*([^;]+);", Path(path).read_text()):
+        expr = re.sub(r"\w+::", "", expr).replace("/", "//")
+        if not re.fullmatch(r"[\w\s+\-*/()]+", expr):
+            raise ValueError(f"{path}: cannot evaluate {name} = {expr}")
+        vals[name] = int(eval(expr, {"__builtins__": {}}, dict(vals)))  # only literals and earlier names
+    return vals
+
+
 @lru_cache(maxsize=1)
 def constants() -> dict:
-    """`static constexpr int kName = <int or product of names>;` lines of layout.cuh."""
-    vals: dict = {}
-    for name, expr in re.findall(r"static constexpr int (k\w+)\s*=\s*([^;]+);", _header_path().read_text()):
-        vals[name] = int(eval(expr, {"__builtins__": {}}, dict(vals)))  # expr uses only earlier names
-    return vals
+    """The packed-layout constants of layout.cuh."""
+    return header_constants(_header_path())
 
 
 def pack_weights(codes: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -77,8 +86,9 @@ def emulate_decode(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
     word = cb[..., 0] | (cb[..., 1] << 8) | (cb[..., 2] << 16) | (cb[..., 3] << 24)  # [.., step, warp, quad, l4, h8]
     sh = p[..., C["kCodeBytes"]:].reshape(G, NB, KB, WG, 4, 8, S, 2).view(torch.int8).to(torch.int64)
     sh = sh.permute(0, 1, 2, 3, 6, 4, 5, 7)[..., None, :]  # [.., step, warp, quad, 1(l4), h8]
-    lut = torch.tensor([list(_lut_bytes(s)) for s in range(C["kMinShift"], C["kMaxShift"] + 1)],
-                       dtype=torch.int64, device=packed.device)
+    from .numerics import fp8_e4m3_lut
+    lut = torch.stack([fp8_e4m3_lut(s) for s in range(C["kMinShift"], C["kMaxShift"] + 1)]).to(
+        device=packed.device, dtype=torch.int64)
     entries = lut[sh - C["kMinShift"]].expand(*word.shape, 8)  # [..., 8]
     i = torch.arange(4, device=packed.device)
     out_bytes = []
@@ -92,11 +102,6 @@ def emulate_decode(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
     # -> rows [NB, WG, warp, h8, quad], K [KB, step, half, l4, i]
     vals = vals.permute(0, 1, 3, 5, 8, 6, 2, 4, 9, 7, 10)
     return vals.reshape(G, N, K)
-
-
-def _lut_bytes(s: int) -> bytes:
-    mags = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64) * 2.0 ** s
-    return bytes(mags.to(torch.float32).to(torch.float8_e4m3fn).view(torch.uint8).tolist())
 
 
 def _e4m3_decode(b: torch.Tensor) -> torch.Tensor:

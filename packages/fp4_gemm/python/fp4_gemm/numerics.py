@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from .layout import constants as layout_constants
+
 __all__ = [
     "FP8_E4M3_MAX", "MIN_AMAX", "MIN_SHIFT", "MAX_SHIFT", "MIN_EXACT_SHIFT",
-    "header_constants", "e2m1_values", "fp8_e4m3_lut",
+    "e2m1_values", "fp8_e4m3_lut",
     "quantize_fp8", "dequantize_fp8", "quantize_mxfp4", "dequantize_mxfp4",
     "TransformedWeights", "transform_weights", "decode_transformed", "dequantize_transformed",
     "interleave_rows", "deinterleave_rows",
@@ -41,23 +43,7 @@ _F64_MANT_BITS, _F64_BIAS = 52, 1023
 INTERLEAVE_ROWS = 8  # gate rows, then the matching up rows, per 16-row block
 
 
-def header_constants(path) -> dict:
-    """`static constexpr int kName = <int literal>;` declarations of a C++ header -> {kName: int}."""
-    text = Path(path).read_text()
-    return {m[1]: int(m[2]) for m in re.finditer(r"static\s+constexpr\s+int\s+(\w+)\s*=\s*(-?\d+)\s*;", text)}
-
-
-def _layout_header() -> Path:
-    here = Path(__file__).resolve()
-    candidates = (here.parent / "include/fp4_gemm/layout.cuh",       # installed wheel
-                  here.parents[2] / "include/fp4_gemm/layout.cuh")    # source tree
-    for p in candidates:
-        if p.is_file():
-            return p
-    raise ImportError("fp4_gemm: layout.cuh not found in " + ", ".join(map(str, candidates)))
-
-
-_LAYOUT = header_constants(_layout_header())
+_LAYOUT = layout_constants()  # layout.cuh is the single source of these
 MIN_SHIFT = _LAYOUT["kMinShift"]  # stored shifts are clamped here: every value decodes to 0 below
 MAX_SHIFT = _LAYOUT["kMaxShift"]  # shift of a row's largest group
 # A group decodes exactly while its smallest E2M1 magnitude (0.5 = 2^-1) times 2^shift is still an

@@ -171,7 +171,10 @@ __device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayou
 // Padding: one warp per pool block; marks padding rows row_src = -1 and adds the number of padding
 // rows of the block to its arrival counter (valid rows are added by pull_rows), so every block's
 // counter grows by exactly block_m per dispatch: arrivals[b] == epoch * block_m when complete.
-__device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t) {
+// aborted (the rows did not fit; nothing is pulled): every block gets block_m, no row is touched,
+// so the counters stay in step with the epoch for the next call.
+__device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t,
+                                           bool aborted = false) {
   const int32_t U = t.le_start[L.num_local_experts];
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
@@ -179,7 +182,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
-    if (r0 >= U) {
+    if (aborted || r0 >= U) {
       pad = bm;
     } else {
       for (int i = W.lane; i < bm; i += 32) {

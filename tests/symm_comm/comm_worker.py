@@ -1,0 +1,490 @@
+"""Multi-process GPU checks of symm_comm (one process per GPU), used by test_comm_gpu.py and runnable
+directly:  python3 tests/symm_comm/comm_worker.py --world 2 --backend torch
+Every received row is checked exactly (payload rows encode their source rank and token), per-expert
+counts exactly, combine bitwise against a torch.distributed all-to-all reference."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+POISON_U8 = 0xEE
+
+
+# ---- process plumbing ------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, backend, scenarios, outdir):
+    res = {"rank": rank, "ok": False, "done": []}
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, device_id=torch.device("cuda", rank))
+        run_all(backend, scenarios, res)
+        res["ok"] = True
+    except BaseException as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+        try:
+            if res["ok"]:
+                dist.destroy_process_group()
+        except Exception:
+            pass
+    os._exit(0 if res["ok"] else 1)
+
+
+def launch(world: int, backend: str, scenarios: list[str], timeout_s: float = 600) -> list[dict]:
+    """Spawn `world` processes; returns their result dicts (raises on a hang)."""
+    import tempfile
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    outdir = tempfile.mkdtemp(prefix="symm_comm_")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, scenarios, outdir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + timeout_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.time()))
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for i in hung:
+        procs[i].kill()
+    results = []
+    for r in range(world):
+        fn = os.path.join(outdir, f"rank{r}.json")
+        if os.path.exists(fn):
+            with open(fn) as f:
+                results.append(json.load(f))
+        else:
+            results.append({"rank": r, "ok": False, "error": "no result (crashed or hung)", "done": []})
+    if hung:
+        raise RuntimeError(f"symm_comm test processes {hung} hung (killed after {timeout_s} s); results: {results}")
+    return results
+
+
+# ---- inputs and references --------------------------------------------------------------------
+def make_inputs(rank, T, H, E, K, gen, neg_frac=0.1, hot_expert=None):
+    """FP8 rows whose bytes encode (rank, token); scales encode (rank, token, j); random routing."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    S = H // 128
+    t = torch.arange(T, device=dev, dtype=torch.int64)
+    h = torch.arange(H, device=dev, dtype=torch.int64)
+    xb = ((rank * 131 + t[:, None] * 7 + h[None, :] * 3 + (t[:, None] * h[None, :]) % 13) % 251).to(torch.uint8)
+    if T:
+        xb[:, 0] = rank
+        xb[:, 1] = (t & 255).to(torch.uint8)
+        xb[:, 2] = (t >> 8).to(torch.uint8)
+    x = xb.view(torch.float8_e4m3fn)
+    j = torch.arange(S, device=dev, dtype=torch.float32)
+    scales = rank * 65536.0 + t[:, None].float() * 16 + j[None, :]
+    scales = scales.contiguous()
+    idx = torch.rand(T, E, generator=gen, device=dev).argsort(dim=1)[:, :K].contiguous()
+    if hot_expert is not None and T:
+        idx[:, 0] = hot_expert
+        others = idx[:, 1:]
+        others[others == hot_expert] = -1
+    if neg_frac > 0 and T:
+        drop = torch.rand(T, K, generator=gen, device=dev) < neg_frac
+        idx[drop] = -1
+    w = torch.rand(T, K, generator=gen, device=dev) + 0.5
+    return x, scales, idx.contiguous(), w.contiguous()
+
+
+def all_gather_var(t: torch.Tensor, world: int):
+    """all_gather of tensors whose first dim differs per rank."""
+    n = torch.tensor([t.shape[0]], device=t.device)
+    ns = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(ns, n)
+    ns = [int(v) for v in ns]
+    m = max(max(ns), 1)
+    pad = torch.zeros((m,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    pad[: t.shape[0]] = t
+    outs = [torch.empty_like(pad) for _ in range(world)]
+    dist.all_gather(outs, pad)
+    return [o[:k] for o, k in zip(outs, ns)]
+
+
+def expected_dispatch(buf, idx_all, masked):
+    """Rows this rank must receive: (src, token, k, local expert) in pool order, and their pool rows."""
+    R, rank, Lx, bm = buf.num_ranks, buf.rank, buf.num_local_experts, buf.block_m
+    S_, T_, K_, LE = [], [], [], []
+    for s, idx in enumerate(idx_all):
+        mine = (idx >= rank * Lx) & (idx < (rank + 1) * Lx)
+        nz = mine.nonzero()  # row-major: token, then k
+        S_.append(torch.full((nz.shape[0],), s, device=idx.device, dtype=torch.int64))
+        T_.append(nz[:, 0])
+        K_.append(nz[:, 1])
+        LE.append(idx[nz[:, 0], nz[:, 1]] - rank * Lx)
+    S_, T_, K_, LE = (torch.cat(v) for v in (S_, T_, K_, LE))
+    LE, order = torch.sort(LE, stable=True)
+    S_, T_, K_ = S_[order], T_[order], K_[order]
+    counts = torch.bincount(LE, minlength=Lx)
+    if masked:
+        starts = torch.arange(Lx + 1, device=LE.device) * buf.max_m
+    else:
+        aligned = (counts + bm - 1) // bm * bm
+        starts = torch.zeros(Lx + 1, dtype=torch.int64, device=LE.device)
+        starts[1:] = torch.cumsum(aligned, 0)
+    first = torch.zeros(Lx + 1, dtype=torch.int64, device=LE.device)
+    first[1:] = torch.cumsum(counts, 0)
+    within = torch.arange(LE.shape[0], device=LE.device) - first[LE]
+    rows = starts[LE] + within
+    return S_, T_, K_, LE, rows, counts, starts
+
+
+def check_dispatch(buf, outs, inputs_all, masked, T_max):
+    pool, pool_s, pool_w, counts, h = outs
+    x_all, s_all, idx_all, w_all = inputs_all
+    S_, T_, K_, LE, rows, ecounts, starts = expected_dispatch(buf, idx_all, masked)
+    H, K = buf.hidden, buf.topk
+    assert torch.equal(counts.long(), ecounts), f"expert counts {counts.tolist()} != {ecounts.tolist()}"
+    assert torch.equal(h.expert_offsets.long(), starts), f"offsets {h.expert_offsets.tolist()} != {starts.tolist()}"
+    px = buf.pool_x.view(torch.uint8)
+    n = rows.shape[0]
+    if n:
+        xs = torch.cat(x_all)[_flat_index(x_all, S_, T_)]
+        got = px[rows]
+        bad = (got != xs).any(dim=1)
+        assert not bad.any(), (f"{int(bad.sum())} pool rows wrong; first at row {int(rows[bad][0])}: "
+                               f"expected src {int(S_[bad][0])} token {int(T_[bad][0])}, got bytes "
+                               f"{got[bad][0][:3].tolist()}")
+        ss = torch.cat(s_all)[_flat_index(s_all, S_, T_)]
+        assert torch.equal(buf.pool_s[rows], ss), "pool scales wrong"
+        ws = torch.cat(w_all)[_flat_index(w_all, S_, T_), K_]
+        assert torch.equal(buf.pool_w[rows], ws), "pool top-k weights wrong"
+        code = (S_ * T_max + T_) * K + K_
+        assert torch.equal(buf.row_src[rows].long(), code), "row_src wrong"
+    used = int(starts[-1])
+    valid = torch.zeros(used, dtype=torch.bool, device=rows.device)
+    valid[rows] = True
+    assert bool((buf.row_src[:used][~valid] == -1).all()), "padding rows must have row_src == -1"
+    # arrival counters: every block complete for this epoch
+    target = (h.epoch * buf.block_m) & 0xFFFFFFFF
+    arr = buf.arrivals.long() & 0xFFFFFFFF
+    assert bool((arr == target).all()), f"arrivals {arr[:8].tolist()} != {target}"
+    if masked:
+        assert pool.shape == (buf.num_local_experts, buf.max_m, H)
+    return S_, T_, K_, rows
+
+
+def _flat_index(lst, S_, T_):
+    off = torch.zeros(len(lst) + 1, dtype=torch.int64, device=S_.device)
+    off[1:] = torch.cumsum(torch.tensor([t.shape[0] for t in lst], device=S_.device), 0)
+    return off[S_] + T_
+
+
+def expert_out_from_row_src(buf, rows_total):
+    """BF16 [rows_total, H]: f(src, token, k, h) for valid rows (exact small multiples of 1/4), NaN for padding."""
+    H, K, T_max = buf.hidden, buf.topk, buf.max_tokens
+    code = buf.row_src[:rows_total].long()
+    valid = code >= 0
+    k = code % K
+    t = (code // K) % T_max
+    s = code // (K * T_max)
+    hh = torch.arange(H, device=code.device)
+    f = (((s * 7 + t * 3 + k * 5)[:, None] + hh[None, :]) % 61 - 30).float() * 0.25
+    f[~valid] = float("nan")
+    return f.to(torch.bfloat16)
+
+
+def f_value(rank, t, k, H, dev):
+    hh = torch.arange(H, device=dev)
+    return (((rank * 7 + t * 3 + k * 5)[:, None] + hh[None, :]) % 61 - 30).float() * 0.25
+
+
+def expected_combine(rank, idx, w, H, E, weighted):
+    T, K = idx.shape
+    acc = torch.zeros(T, H, dtype=torch.float32, device=idx.device)
+    t = torch.arange(T, device=idx.device)
+    for k in range(K):
+        v = f_value(rank, t, torch.full_like(t, k), H, idx.device).to(torch.bfloat16).float()
+        if weighted:
+            v = w[:, k:k + 1] * v
+        ok = ((idx[:, k] >= 0) & (idx[:, k] < E))[:, None]
+        acc = torch.where(ok, acc + v, acc)
+    return acc.to(torch.bfloat16)
+
+
+def a2a_reference_combine(buf, expert_out, rows_total, idx, w, weighted):
+    """The same combine through torch.distributed.all_to_all_single (owner -> source), reduced in k order."""
+    R, H, K, T_max, E = buf.num_ranks, buf.hidden, buf.topk, buf.max_tokens, buf.num_experts
+    code = buf.row_src[:rows_total].long()
+    sel = (code >= 0).nonzero().flatten()
+    code = code[sel]
+    dst = code // (K * T_max)
+    order = torch.argsort(dst, stable=True)
+    sel, code, dst = sel[order], code[order], dst[order]
+    send_counts = torch.bincount(dst, minlength=R)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    sc, rc = send_counts.tolist(), recv_counts.tolist()
+    rows = expert_out.view(-1, H)[sel].contiguous()
+    recv_rows = torch.empty((sum(rc), H), dtype=rows.dtype, device=rows.device)
+    dist.all_to_all_single(recv_rows, rows, rc, sc)
+    tk = torch.stack([(code // K) % T_max, code % K], 1).contiguous()
+    recv_tk = torch.empty((sum(rc), 2), dtype=tk.dtype, device=tk.device)
+    dist.all_to_all_single(recv_tk, tk, rc, sc)
+    T = idx.shape[0]
+    slots = torch.zeros(K, T, H, dtype=torch.float32, device=rows.device)
+    present = torch.zeros(K, T, dtype=torch.bool, device=rows.device)
+    slots[recv_tk[:, 1], recv_tk[:, 0]] = recv_rows.float()
+    present[recv_tk[:, 1], recv_tk[:, 0]] = True
+    acc = torch.zeros(T, H, dtype=torch.float32, device=rows.device)
+    for k in range(K):
+        v = slots[k] * w[:, k:k + 1] if weighted else slots[k]
+        acc = torch.where(present[k][:, None], acc + v, acc)
+    return acc.to(torch.bfloat16)
+
+
+# ---- scenarios ----------------------------------------------------------------------------------
+def one_round(buf, x, s, idx, w, layout, weighted=False, poison=True, a2a=False, idx_dtype=None):
+    R, H, E = buf.num_ranks, buf.hidden, buf.num_experts
+    if poison:
+        buf.pool_x.view(torch.uint8).fill_(POISON_U8)
+        buf.pool_s.fill_(float("nan"))
+        buf.pool_w.fill_(float("nan"))
+        buf.row_src.fill_(-7)
+    idx_in = idx.to(idx_dtype) if idx_dtype is not None else idx
+    outs = buf.dispatch(x, s, idx_in, w, layout=layout)
+    masked = layout == "masked"
+    inputs_all = tuple(all_gather_var(a, R) for a in (x.view(torch.uint8), s, idx, w))
+    inputs_all = (inputs_all[0], inputs_all[1], inputs_all[2], inputs_all[3])
+    check_dispatch(buf, outs, inputs_all, masked, buf.max_tokens)
+    h = outs[-1]
+    rows_total = h.num_rows()
+    if masked:
+        eo = torch.full((buf.num_local_experts * buf.max_m, H), float("nan"), device=x.device).to(torch.bfloat16)
+        eo[:rows_total] = expert_out_from_row_src(buf, rows_total)
+        eo = eo.view(buf.num_local_experts, buf.max_m, H)
+    else:
+        eo = expert_out_from_row_src(buf, rows_total)
+    y_out = torch.full((x.shape[0], H), float("nan"), device=x.device, dtype=torch.bfloat16)
+    y = buf.combine(eo, h, topk_w=w if weighted else None, out=y_out)
+    ref = expected_combine(buf.rank, idx, w, H, E, weighted)
+    assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), \
+        f"combine differs from the formula at {int((y != ref).sum())} elements"
+    if a2a:
+        ref2 = a2a_reference_combine(buf, eo, rows_total, idx, w, weighted)
+        assert torch.equal(y.view(torch.int16), ref2.view(torch.int16)), "combine differs from the all-to-all reference"
+    return outs
+
+
+def expect_error(fn, cls, *words):
+    try:
+        fn()
+    except cls as e:
+        msg = str(e)
+        for w_ in words:
+            assert w_ in msg, f"error message {msg!r} lacks {w_!r}"
+        return e
+    raise AssertionError(f"expected {cls.__name__}")
+
+
+def run_all(backend, scenarios, res):
+    import symm_comm
+    from symm_comm import SymmCommError, SymmTimeoutError
+    R, rank = dist.get_world_size(), dist.get_rank()
+    dev = torch.device("cuda", rank)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1234 + rank)
+    E, H, K, T_max = 32, 7168, 8, 128
+    buf = symm_comm.Buffer(None, E, H, K, T_max, backend=backend, timeout_s=30.0)
+    rep = buf.memory_report()
+    assert rep["total"] == buf.nbytes > 0
+    res["bytes"] = buf.nbytes
+
+    def step(name, fn):
+        if name in scenarios or "all" in scenarios:
+            fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            res["done"].append(name)
+
+    def basic():
+        T = [T_max, 77, 1, 100][rank % 4]
+        x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
+        for layout in ("contiguous", "masked"):
+            for weighted in (False, True):
+                one_round(buf, x, s, idx, w, layout, weighted=weighted, a2a=True)
+        one_round(buf, x, s, idx, w, "contiguous", idx_dtype=torch.int32, a2a=True)
+
+    def few_sms():
+        buf.num_sms = 3
+        x, s, idx, w = make_inputs(rank, 50, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=True)
+        one_round(buf, x, s, idx, w, "masked")
+        buf.num_sms = 0
+
+    def zero_tokens():
+        T = 0 if rank == R - 1 else 64
+        x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=True, a2a=True)
+        one_round(buf, x, s, idx, w, "masked")
+
+    def one_expert():
+        x, s, idx, w = make_inputs(rank, T_max, H, E, K, gen, neg_frac=0.0, hot_expert=E - 1)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=True, a2a=True)
+        # every rank sends all its tokens to expert E-1: the masked layout holds max_m rows per expert
+        if R * T_max > buf.max_m:
+            if rank == R - 1:
+                expect_error(lambda: buf.dispatch(x, s, idx, w, layout="masked"), SymmCommError, "max_m",
+                             f"rank {rank}")
+            else:
+                buf.dispatch(x, s, idx, w, layout="masked")
+        one_round(buf, x, s, idx, w, "contiguous")  # still usable
+
+    def bad_expert():
+        x, s, idx, w = make_inputs(rank, 16, H, E, K, gen)
+        if rank == 0:
+            idx = idx.clone()
+            idx[3, 2] = E + 5
+            expect_error(lambda: buf.dispatch(x, s, idx, w), SymmCommError, "expert id", str(E + 5), "rank 0")
+        else:
+            buf.dispatch(x, s, idx, w)
+        x, s, idx, w = make_inputs(rank, 16, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous")
+
+    def bad_args():
+        x, s, idx, w = make_inputs(rank, 8, H, E, K, gen)
+        expect_error(lambda: buf.dispatch(x.view(torch.int8), s, idx, w), TypeError, "x_fp8")
+        expect_error(lambda: buf.dispatch(x, s[:, :3], idx, w), ValueError, "x_scales")
+        expect_error(lambda: buf.dispatch(x, s, idx.float(), w), TypeError, "topk_idx")
+        expect_error(lambda: buf.dispatch(x.cpu(), s, idx, w), ValueError, "x_fp8")
+        big = make_inputs(rank, T_max + 1, H, E, K, gen)
+        expect_error(lambda: buf.dispatch(*big), ValueError, "max_tokens")
+        x2 = torch.empty(8 * H + 1, dtype=torch.uint8, device=dev)[1:].view(8, H)
+        expect_error(lambda: buf.dispatch(x2, s, idx, w), ValueError, "aligned")
+        outs = one_round(buf, x, s, idx, w, "contiguous")
+        expect_error(lambda: buf.combine(torch.zeros(5, H, device=dev), outs[-1]), TypeError, "expert_out")
+        x, s, idx, w = make_inputs(rank, 8, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous")
+
+    def many_calls():
+        n = int(os.environ.get("SYMM_TEST_CALLS", "200"))
+        for i in range(n):
+            T = int(torch.randint(0, T_max + 1, (1,), generator=gen, device=dev))
+            x, s, idx, w = make_inputs(rank, T, H, E, K, gen, neg_frac=0.15)
+            layout = "masked" if i % 3 == 2 else "contiguous"
+            one_round(buf, x, s, idx, w, layout, weighted=bool(i % 2), a2a=(i % 10 == 0),
+                      idx_dtype=torch.int32 if i % 4 == 1 else None)
+
+    def cupy_inputs():
+        try:
+            import cupy
+        except ImportError:
+            return
+        x, s, idx, w = make_inputs(rank, 32, H, E, K, gen)
+        cx = cupy.from_dlpack(x.view(torch.uint8))
+        cs, ci, cw = (cupy.from_dlpack(a) for a in (s, idx.to(torch.int32), w))
+        pool, ps, pw, cnt, h = buf.dispatch(cx, cs, ci, cw)
+        assert isinstance(pool, cupy.ndarray) and pool.dtype == cupy.uint8
+        inputs_all = tuple(all_gather_var(a, R) for a in (x.view(torch.uint8), s, idx, w))
+        S_, T_, K_, LE, rows, ecounts, starts = expected_dispatch(buf, inputs_all[2], False)
+        assert torch.equal(torch.from_dlpack(cnt).long(), ecounts)
+        rows_total = h.num_rows()
+        eo = cupy.from_dlpack(expert_out_from_row_src(buf, rows_total).view(torch.int16)).view(cupy.uint16)
+        y = buf.combine(eo, h)
+        assert isinstance(y, cupy.ndarray) and y.dtype == cupy.uint16
+        ref = expected_combine(rank, idx, w, H, E, False)
+        assert torch.equal(torch.from_dlpack(y.view(cupy.int16)), ref.view(torch.int16))
+
+    def pool_overflow():
+        small = symm_comm.Buffer(None, 3 * R, 256, 3, 40, block_m=16, pool_rows=64, backend=backend, timeout_s=30.0)
+        try:
+            x, s, idx, w = make_inputs(rank, 40, 256, 3 * R, 3, gen, neg_frac=0.0)
+            need = 40 * 3 * R  # all ranks' rows land somewhere; some owner needs > 64 rows
+            small.pool_x.view(torch.uint8).fill_(POISON_U8)
+            errs = []
+            try:
+                small.dispatch(x, s, idx, w)
+            except SymmCommError as e:
+                errs.append(str(e))
+                assert "pool capacity exceeded" in str(e) and "64" in str(e), str(e)
+                # nothing written into the pool
+                assert bool((small.pool_x.view(torch.uint8) == POISON_U8).all()), "pool written on overflow"
+            n_err = torch.tensor([len(errs)], device=dev)
+            dist.all_reduce(n_err)
+            assert int(n_err) >= 1 and need > 64
+            # a small routing fits: 2 tokens per rank, one expert each
+            x, s, idx, w = make_inputs(rank, 2, 256, 3 * R, 3, gen, neg_frac=0.0)
+            idx[:, 1:] = -1
+            one_round(small, x, s, idx, w, "contiguous", weighted=True, a2a=True)
+        finally:
+            torch.cuda.synchronize()
+            dist.barrier()
+            small.destroy()
+
+    def timeout():
+        if R < 2:
+            return
+        x, s, idx, w = make_inputs(rank, 16, H, E, K, gen)
+        buf.timeout_ns = int(2e9)
+        if rank != R - 1:
+            t0 = time.time()
+            e = expect_error(lambda: buf.dispatch(x, s, idx, w), SymmTimeoutError, f"rank {rank}", "dispatch",
+                             f"rank {R - 1}")
+            assert time.time() - t0 < 20, "timeout took too long"
+            # further calls refuse until resync
+            expect_error(lambda: buf.dispatch(x, s, idx, w), SymmCommError, "resync")
+            res["timeout_msg"] = str(e)
+        buf.resync()
+        buf.timeout_ns = int(30e9)
+        x, s, idx, w = make_inputs(rank, 40, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=True, a2a=True)
+        one_round(buf, x, s, idx, w, "masked")
+
+    try:
+        step("basic", basic)
+        step("few_sms", few_sms)
+        step("zero_tokens", zero_tokens)
+        step("one_expert", one_expert)
+        step("bad_expert", bad_expert)
+        step("bad_args", bad_args)
+        step("cupy", cupy_inputs)
+        step("many_calls", many_calls)
+        step("pool_overflow", pool_overflow)
+        step("timeout", timeout)
+    finally:
+        torch.cuda.synchronize()
+        buf.destroy()
+        if backend == "nvshmem":
+            dist.barrier()
+            symm_comm.nvshmem_finalize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs)")
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--scenarios", default="all")
+    a = ap.parse_args()
+    world = a.world or torch.cuda.device_count()
+    res = launch(world, a.backend, a.scenarios.split(","))
+    ok = all(r["ok"] for r in res)
+    for r in res:
+        print(json.dumps({k: v for k, v in r.items() if k != "traceback"}))
+        if not r["ok"]:
+            print(r.get("traceback", ""))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
