@@ -11,6 +11,11 @@ from . import _arrays
 
 __all__ = ["quantize_fp8", "KernelsNotBuiltError"]
 
+try:  # torch.library ops (torch.compile / CUDA graphs); torch is optional for the package
+    from . import torch_ops  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
 
 def quantize_fp8(x, gran: int = 128, pow2: bool = False):
     """Per-token, per-`gran`-channel FP8 E4M3 quantisation -> (codes, FP32 scales)."""

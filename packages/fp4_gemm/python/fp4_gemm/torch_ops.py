@@ -1,0 +1,56 @@
+"""torch.library custom ops over the CUDA kernels, with fake (meta) implementations, so the GEMMs
+and the quantiser work under torch.compile and inside CUDA graphs.
+
+    torch.ops.fp4_gemm.quantize_fp8(x, pow2)                                  -> (q, scales)
+    torch.ops.fp4_gemm.grouped_gemm_contiguous(x, x_scales, packed, row_scale, group_offsets,
+                                               n, k, block_n)                 -> out [M, n] BF16
+    torch.ops.fp4_gemm.grouped_gemm_masked(x, x_scales, packed, row_scale, masked_m, n, k, block_n)
+                                                                              -> out [G, max_m, n] BF16
+block_n = 0 picks the token tile from the shapes.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+GROUP = ops.GROUP
+
+
+@torch.library.custom_op("fp4_gemm::quantize_fp8", mutates_args=())
+def quantize_fp8(x: torch.Tensor, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return ops.quantize_fp8_cuda(x, pow2=pow2)
+
+
+@quantize_fp8.register_fake
+def _(x, pow2=False):
+    T, H = x.shape
+    return x.new_empty((T, H), dtype=torch.float8_e4m3fn), x.new_empty((T, H // GROUP), dtype=torch.float32)
+
+
+def _weights(packed, row_scale, n, k):
+    return ops.PackedWeights(packed, row_scale, packed.shape[0], n, k)
+
+
+@torch.library.custom_op("fp4_gemm::grouped_gemm_contiguous", mutates_args=())
+def grouped_gemm_contiguous(x: torch.Tensor, x_scales: torch.Tensor, packed: torch.Tensor, row_scale: torch.Tensor,
+                            group_offsets: torch.Tensor, n: int, k: int, block_n: int = 0) -> torch.Tensor:
+    return ops.grouped_gemm(x, x_scales, _weights(packed, row_scale, n, k), group_offsets=group_offsets,
+                            block_n=block_n or None)
+
+
+@grouped_gemm_contiguous.register_fake
+def _(x, x_scales, packed, row_scale, group_offsets, n, k, block_n=0):
+    return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("fp4_gemm::grouped_gemm_masked", mutates_args=())
+def grouped_gemm_masked(x: torch.Tensor, x_scales: torch.Tensor, packed: torch.Tensor, row_scale: torch.Tensor,
+                        masked_m: torch.Tensor, n: int, k: int, block_n: int = 0) -> torch.Tensor:
+    return ops.grouped_gemm(x, x_scales, _weights(packed, row_scale, n, k), masked_m=masked_m,
+                            block_n=block_n or None)
+
+
+@grouped_gemm_masked.register_fake
+def _(x, x_scales, packed, row_scale, masked_m, n, k, block_n=0):
+    return x.new_empty((x.shape[0], x.shape[1], n), dtype=torch.bfloat16)
