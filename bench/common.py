@@ -99,3 +99,26 @@ def write_results(name: str, head: dict, rows: list[dict], columns: list[str]) -
 
 def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[float]]:
+    """Seconds of each callable in `fns` when they run BACK TO BACK on the current stream, per rep:
+    returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so
+    the host enqueues the whole sequence ahead of the GPU (host launch overhead stays out of the
+    numbers; what a CUDA graph would see). fns[i](rep) may rotate inputs; nothing syncs in between."""
+    clk = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_980_000  # kHz
+    for r in range(warmup):
+        for f in fns:
+            f(r)
+    torch.cuda.synchronize()
+    out = []
+    for r in range(reps):
+        torch.cuda._sleep(int(hold_ms * clk))
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(fns) + 1)]
+        ev[0].record()
+        for i, f in enumerate(fns):
+            f(r)
+            ev[i + 1].record()
+        ev[-1].synchronize()
+        out.append([ev[i].elapsed_time(ev[i + 1]) * 1e-3 for i in range(len(fns))])
+    return out

@@ -49,7 +49,7 @@ def test_comm(world, backend, scenarios):
         pytest.skip("libsymm_comm.so not built")
     if world > NG:
         pytest.skip(f"needs {world} GPUs")
-    res = comm_worker.launch(world, backend, scenarios.split(","), timeout_s=900)
+    res = comm_worker.launch(world, backend, scenarios.split(","), timeout_s=300)
     bad = [r for r in res if not r["ok"]]
     assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
     want = set(scenarios.split(","))

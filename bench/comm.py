@@ -1,0 +1,307 @@
+"""EP dispatch / combine benchmark: symm_comm vs an NCCL all_to_all_single exchange, with the peer
+copy bandwidth measured in the same run. One process per visible GPU (the rank count comes from
+the machine). H 7168, 256 experts, top-8; tokens per rank 1, 128, 4096 (override with --tokens).
+
+Times: CUDA events, median after warm-up, routing rotated over --rotations fresh draws.
+  symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead: the
+                  number a CUDA graph sees); max over ranks of the per-rank median.
+  symm_*_host_us: one call timed alone from Python (validation + ctypes launch + kernel).
+  nccl_*_us     : all_to_all_single exchange (counts exchange + host sync for the splits + rows),
+                  timed per call; max over ranks.
+Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
+max over ranks; GB/s = those bytes / symm time; pct_peer = GB/s / measured peer read (dispatch)
+or write (combine) bandwidth."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+for _k, _v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(_k, _v)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import header, time_cuda, time_cuda_sequence, write_results  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _routing(rank, T, H, E, K, gen, dev):
+    x = torch.randint(0, 256, (T, H), generator=gen, device=dev, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    s = torch.rand(T, H // 128, generator=gen, device=dev) + 0.5
+    idx = torch.rand(T, E, generator=gen, device=dev).argsort(dim=1)[:, :K].contiguous()
+    w = torch.rand(T, K, generator=gen, device=dev)
+    return x, s, idx, w
+
+
+# ---- peer bandwidth -----------------------------------------------------------------------------
+def measure_peer_bw(buf, nbytes):
+    """Every rank concurrently copies nbytes from (write: to) the next rank's buffer. Best of a
+    copy-engine copy and an SM copy kernel; bytes/s per direction per GPU."""
+    R, rank = buf.num_ranks, buf.rank
+    if R < 2:
+        return float("nan"), float("nan")
+    peer = (rank + 1) % R
+    off = buf.layout.off_pool_x
+    nbytes = min(nbytes, buf.nbytes - off) // 16 * 16
+    remote = _peer_view(buf, peer, off, nbytes)
+    local = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
+    fns = {"read_ce": lambda: local.copy_(remote), "write_ce": lambda: remote.copy_(local)}
+    if remote.device == local.device:
+        fns["read_sm"] = lambda: torch.add(remote.view(torch.int32), 0, out=local.view(torch.int32))
+        fns["write_sm"] = lambda: torch.add(local.view(torch.int32), 0, out=remote.view(torch.int32))
+    res = {}
+    for name, fn in fns.items():
+        dist.barrier()
+        res[name] = nbytes / time_cuda(fn, warmup=3, reps=10)
+    dist.barrier()
+    if rank == 0:
+        print("peer copy GB/s per direction:", {k: round(v / 1e9, 1) for k, v in res.items()}, flush=True)
+    return (max(v for k, v in res.items() if k.startswith("read")),
+            max(v for k, v in res.items() if k.startswith("write")))
+
+
+def _peer_view(buf, peer, off, nbytes):
+    be = buf._backend
+    try:
+        if be.name == "torch":
+            toff = be.peer_ptrs[buf.rank] - int(be.handle.buffer_ptrs[buf.rank])
+            return be.handle.get_buffer(peer, (nbytes,), torch.uint8, off + toff)
+        import nvshmem.core as nvc
+        return nvc.get_peer_tensor(buf.raw, peer)[off:off + nbytes]
+    except Exception as e:  # noqa: BLE001
+        print(f"peer view through the backend failed ({e}); wrapping the raw pointer", flush=True)
+        return _wrap_ptr(be.peer_ptrs[peer] + off, nbytes, buf.device)
+
+
+def _wrap_ptr(ptr, nbytes, device):
+    """A torch uint8 tensor over raw device memory (a peer mapping)."""
+    class _CAI:
+        __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                    "strides": None}
+    return torch.as_tensor(_CAI(), device=device)
+
+
+# ---- NCCL baseline ------------------------------------------------------------------------------
+class NcclEP:
+    """Per-(token, k) row exchange with all_to_all_single (same bytes as symm_comm), expert-major on
+    the receiver; combine sends the rows back and sums over k."""
+
+    def __init__(self, R, E, H, K):
+        self.R, self.E, self.H, self.K, self.L = R, E, H, K, E // R
+
+    def dispatch(self, x, s, idx, w):
+        R, H, K, L = self.R, self.H, self.K, self.L
+        T = idx.shape[0]
+        flat = idx.reshape(-1)
+        owner = torch.where(flat >= 0, flat // L, torch.full_like(flat, R))
+        order = torch.argsort(owner, stable=True)
+        counts = torch.bincount(owner, minlength=R + 1)[:R]
+        rc = torch.empty_like(counts)
+        dist.all_to_all_single(rc, counts)
+        sc_l, rc_l = counts.tolist(), rc.tolist()  # host sync: NCCL needs the split sizes
+        sel = order[: sum(sc_l)]
+        tok = sel // K
+        rows = x.view(torch.uint8).index_select(0, tok)
+        meta = torch.cat([s.index_select(0, tok), w.reshape(-1)[sel, None],
+                          (flat[sel] % L).float()[:, None]], 1)
+        rrows = torch.empty((sum(rc_l), H), dtype=torch.uint8, device=x.device)
+        rmeta = torch.empty((sum(rc_l), meta.shape[1]), dtype=meta.dtype, device=x.device)
+        dist.all_to_all_single(rrows, rows, rc_l, sc_l)
+        dist.all_to_all_single(rmeta, meta, rc_l, sc_l)
+        le = rmeta[:, -1].long()
+        perm = torch.argsort(le, stable=True)
+        pool = rrows.index_select(0, perm)
+        pool_meta = rmeta.index_select(0, perm)
+        return pool, pool_meta, (perm, sc_l, rc_l, tok, T)
+
+    def combine(self, expert_out, h):
+        perm, sc_l, rc_l, tok, T = h
+        back = torch.empty_like(expert_out)
+        back[perm] = expert_out
+        recv = torch.empty((sum(sc_l), self.H), dtype=expert_out.dtype, device=expert_out.device)
+        dist.all_to_all_single(recv, back, sc_l, rc_l)
+        y = torch.zeros((T, self.H), dtype=torch.float32, device=expert_out.device)
+        y.index_add_(0, tok, recv.float())
+        return y.to(torch.bfloat16)
+
+
+# ---- worker ------------------------------------------------------------------------------------
+def _worker(rank, world, port, args, q):
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, device_id=torch.device("cuda", rank))
+        out = _run(rank, world, args)
+        q.put((rank, out, None))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001
+        q.put((rank, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        os._exit(1)
+
+
+def _run(rank, R, args):
+    import symm_comm
+    dev = torch.device("cuda", rank)
+    E, H, K = args.experts, args.hidden, args.topk
+    S = H // 128
+    Tmax = max(args.tokens)
+    buf = symm_comm.Buffer(None, E, H, K, Tmax, backend=args.backend, check=False, timeout_s=60.0,
+                           verbose=True)
+    read_bw, write_bw = measure_peer_bw(buf, 1 << 30)
+    nccl = NcclEP(R, E, H, K)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(100 + rank)
+    eo = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)
+    rows_out = []
+    for T in args.tokens:
+        rots = [_routing(rank, T, H, E, K, gen, dev) for _ in range(args.rotations)]
+        # remote rows received per routing (dispatch) = rows sent back (combine)
+        remote_rows = []
+        for r in rots:
+            *_, h = buf.dispatch(*r, check=True)
+            sc = buf.raw[buf.layout.off_src_counts: buf.layout.off_src_counts + 4 * buf.num_local_experts * R]
+            sc = sc.view(torch.int32).view(buf.num_local_experts, R).sum(0)
+            remote_rows.append(int(sc.sum()) - int(sc[rank]))
+            buf.combine(eo, h, check=True)
+        torch.cuda.synchronize()
+        state = {}
+
+        def d(i):
+            def f(rep):
+                state[i] = buf.dispatch(*rots[(rep + i) % len(rots)])[-1]
+            return f
+
+        def c(i):
+            def f(rep):
+                buf.combine(eo, state[i])
+            return f
+
+        npairs = len(rots)
+        fns = [g for i in range(npairs) for g in (d(i), c(i))]
+        dist.barrier()
+        tt = time_cuda_sequence(fns, warmup=3, reps=args.reps)
+        buf.check_errors()
+        d_times = [t for rep in tt for t in rep[0::2]]
+        c_times = [t for rep in tt for t in rep[1::2]]
+        # host-inclusive single calls
+        it = {"i": 0, "h": buf.dispatch(*rots[0])[-1]}
+
+        def host_pair_d():
+            it["h"] = buf.dispatch(*rots[it["i"] % npairs])[-1]
+
+        def host_pair_c():
+            buf.combine(eo, it["h"])
+            it["i"] += 1
+
+        dist.barrier()
+        d_host = time_cuda(host_pair_d, warmup=3, reps=args.reps, setup=lambda i: (host_pair_c(), dist.barrier()))
+        dist.barrier()
+        c_host = time_cuda(host_pair_c, warmup=3, reps=args.reps, setup=lambda i: (host_pair_d(), dist.barrier()))
+        buf.check_errors()
+        # NCCL
+        nst = {}
+
+        def nd():
+            nst["h"] = nccl.dispatch(*rots[nst.setdefault("i", 0) % npairs])
+
+        def nc():
+            pool = nst["h"][0]
+            nccl.combine(eo[: pool.shape[0]], nst["h"][2])
+            nst["i"] += 1
+
+        dist.barrier()
+        n_d = time_cuda(nd, warmup=3, reps=args.reps, setup=lambda i: dist.barrier())
+        nc()
+        dist.barrier()
+        n_c = time_cuda(nc, warmup=3, reps=args.reps, setup=lambda i: (nd(), dist.barrier()))
+        med = statistics.median
+        rr = max(remote_rows) if remote_rows else 0
+        rows_out.append({
+            "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
+            "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
+            "nccl_dispatch_us": n_d * 1e6, "nccl_combine_us": n_c * 1e6,
+            "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
+            "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
+        })
+    buf.destroy()
+    return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 128, 4096])
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--rotations", type=int, default=4)
+    ap.add_argument("--backend", default="torch")
+    args = ap.parse_args()
+    world = torch.cuda.device_count()
+    if world < 1:
+        sys.exit("bench/comm.py needs CUDA GPUs")
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    for _ in range(world):
+        rank, out, err = q.get(timeout=1800)
+        if err:
+            errors.append(f"rank {rank}: {err}")
+        else:
+            results[rank] = out
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        sys.exit(1)
+    read_bw = min(results[r]["peer_read_Bps"] for r in results)
+    write_bw = min(results[r]["peer_write_Bps"] for r in results)
+    rows = []
+    for i, T in enumerate(args.tokens):
+        per = [results[r]["rows"][i] for r in sorted(results)]
+        row = {"tokens": T}
+        for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
+                  "nccl_dispatch_us", "nccl_combine_us"):
+            row[k] = max(p[k] for p in per)
+        db = max(p["dispatch_bytes"] for p in per)
+        cb = max(p["combine_bytes"] for p in per)
+        row["dispatch_MB"] = db / 1e6
+        row["dispatch_GBps"] = db / (row["symm_dispatch_us"] * 1e-6) / 1e9
+        row["combine_GBps"] = cb / (row["symm_combine_us"] * 1e-6) / 1e9
+        if world > 1:
+            row["dispatch_pct_peer"] = 100 * row["dispatch_GBps"] * 1e9 / read_bw
+            row["combine_pct_peer"] = 100 * row["combine_GBps"] * 1e9 / write_bw
+        row["speedup_dispatch_vs_nccl"] = row["nccl_dispatch_us"] / row["symm_dispatch_us"]
+        row["speedup_combine_vs_nccl"] = row["nccl_combine_us"] / row["symm_combine_us"]
+        rows.append(row)
+    head = header({"ranks": world, "backend": args.backend, "hidden": args.hidden, "experts": args.experts,
+                   "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
+                   "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
+    cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
+            "symm_dispatch_host_us", "symm_combine_host_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
+            "dispatch_pct_peer", "combine_pct_peer", "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
+    write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)
+
+
+if __name__ == "__main__":
+    main()
