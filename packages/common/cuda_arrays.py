@@ -77,7 +77,7 @@ def check(a: DevArray, name: str, kinds: tuple, ndim: int | None = None, contigu
         raise TypeError(f"{name}: expected dtype {' or '.join(kinds)}, got {a.kind}")
     if ndim is not None and len(a.shape) != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {a.shape}")
-    if contiguous:
+    if contiguous and 0 not in a.shape:  # an empty array is contiguous whatever its strides
         acc = 1
         for s, st in zip(reversed(a.shape), reversed(a.strides)):
             if s != 1 and st != acc:

@@ -56,7 +56,6 @@ grouped_gemm_bf16_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmA
     ptx::setmaxnreg_inc<kMathRegs>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     float acc[Cfg::kAccRegs];
-    start_pingpong<Cfg>(wg);
     while (sched.next(t)) {
       if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) return;
       const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;

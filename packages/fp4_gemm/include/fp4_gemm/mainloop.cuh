@@ -44,8 +44,6 @@ struct MainloopConfig {
   static constexpr int kFullArrivals = 1 + 32;
   static constexpr int kEmptyArrivals = kMathThreads / 32;
   static constexpr int kAccRegs = kBlockN / 2;
-  // Large token tiles: MMA phases long enough to hide the other warpgroup's promotion + decode.
-  static constexpr bool kPingPong = kBlockN >= 64;
 
   // Shared memory plan (offsets from a 1024-byte aligned base).
   static constexpr int kTokenOff = 0;
@@ -178,23 +176,6 @@ __device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, con
   for (int st = 0; st < kSteps; ++st) decode_step(codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
 }
 
-// Ping-pong between the two math warpgroups (large token tiles): each issues its wgmmas only after
-// the other has issued its own for the previous K block, so the tensor cores run one warpgroup's
-// MMAs while the other promotes and decodes, instead of both idling through the same phase.
-// Named barriers kTurnBarrier + w: warpgroup w waits (bar.sync) on its own, arrives on the other's.
-constexpr uint32_t kTurnBarrier = 1;  // ids 1, 2 (0 is __syncthreads)
-constexpr uint32_t kTurnThreads = 2 * 128;
-
-__device__ __forceinline__ void wait_turn(int wg) { ptx::named_barrier(kTurnBarrier + wg, kTurnThreads); }
-__device__ __forceinline__ void pass_turn(int wg) { ptx::named_barrier_arrive(kTurnBarrier + (wg ^ 1), kTurnThreads); }
-// Once per kernel, before the math loop: warpgroup 0 goes first. (The last turn passed at the end is
-// never taken; an incomplete named barrier at CTA exit is harmless.)
-template <class Cfg>
-__device__ __forceinline__ void start_pingpong(int wg) {
-  if constexpr (Cfg::kPingPong)
-    if (wg == 1) pass_turn(wg);
-}
-
 // One math warpgroup: accumulates its 64 weight rows x kBlockN tokens of tile t into acc
 // (promoted FP32: per 128-K block, fresh wgmma partial sums times the tokens' scales).
 // Software-pipelined: the next stage is decoded while this stage's wgmmas run. Returns false on
@@ -225,14 +206,12 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
   auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4]) -> bool {
     const int s = iter % Cfg::kNumStages;
     const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
-    if constexpr (Cfg::kPingPong) wait_turn(wg);
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
     ptx::wgmma_fence();
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
     ptx::wgmma_commit();
-    if constexpr (Cfg::kPingPong) pass_turn(wg);
 
     // While the tensor cores run: this stage's token scales, then the next stage's A fragments.
     float scale[Cfg::kBlockN / 4];  // scale[2j + c] for token 8j + 2(lane%4) + c
