@@ -2,7 +2,7 @@
 # The GPU test script: run on a GPU machine from the repo root, over a build folder made anywhere
 # (nvcc >= 12.8, x86-64 Linux): runs every GPU test, the benchmarks and compute-sanitizer, and
 # writes results under bench/results/ (GPU name, commit, date); with $OUT set, logs and results are
-# copied there too (at most 8 files).
+# copied there too (logs + results.tgz).
 #   scripts/gpu_check.sh [tests] [bench] [sanitize]      (default: tests bench)
 #   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT (default: git), PYTEST_ARGS,
 #        STEP_TIMEOUT (seconds per step, default 540)
@@ -42,5 +42,5 @@ for s in "${steps[@]}"; do
     *) echo "unknown step $s"; rc=2 ;;
   esac
 done
-for f in $(ls -t bench/results/*.md 2>/dev/null | head -3); do cp "$f" "$OUT/"; done
+tar czf "$OUT/results.tgz" bench/results 2>/dev/null
 exit $rc
