@@ -47,3 +47,36 @@ def gemm_reference(xq, xs, tw, row_groups):
         if m:
             out[r0:r0 + m] = xd[r0:r0 + m] @ wd[g].T
     return out
+
+
+def l1_reference(xq, xs, tw, row_groups, topk_w, clamp=float("inf"), pow2=False, gran=64):
+    """DESIGN section 1's L1 recipe on the float64 GEMM (same operations as megamoe.reference):
+    gate/up -> BF16 -> clamp -> silu(gate) * up * topk_w in FP32 -> E4M3 + scale per `gran`."""
+    gu = nm.deinterleave_rows(gemm_reference(xq, xs, tw, row_groups), dim=-1)
+    inter = gu.shape[1] // 2
+    gu = gu.float().bfloat16().float()
+    gate = gu[:, :inter].clamp(max=clamp)
+    up = gu[:, inter:].clamp(-clamp, clamp)
+    silu = gate / (1 + torch.exp(-gate.double()).float())
+    a = silu * up * topk_w.float().cpu()[:, None]
+    q, s = nm.quantize_fp8(a, gran=gran, pow2=pow2)
+    return q.view(torch.uint8), s
+
+
+def fp8_ordinal(codes):
+    """E4M3 codes -> signed ordinals: neighbouring representable values differ by 1 (+0 == -0)."""
+    c = codes.to(torch.int32)
+    mag = c & 0x7F
+    return torch.where(c & 0x80 != 0, -mag, mag)
+
+
+def check_l1(q, s, q_ref, s_ref, what):
+    """Issue criteria: >= 99% of codes and of scales equal, no code more than one FP8 step away."""
+    dq = (fp8_ordinal(q.cpu()) - fp8_ordinal(q_ref.cpu())).abs()
+    codes_eq = (dq == 0).double().mean().item()
+    scales_eq = (s.cpu().view(torch.int32) == s_ref.cpu().view(torch.int32)).double().mean().item()
+    assert torch.isfinite(s.cpu()).all() and (s.cpu() > 0).all(), f"{what}: unwritten or bad scales"
+    assert int(dq.max()) <= 1, f"{what}: a code is {int(dq.max())} FP8 steps off"
+    assert codes_eq >= 0.99, f"{what}: only {codes_eq:.4f} of codes equal"
+    assert scales_eq >= 0.99, f"{what}: only {scales_eq:.4f} of scales equal"
+    return codes_eq, scales_eq

@@ -36,6 +36,16 @@ FP4G_API int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const 
                                     int layout, int num_groups, int64_t rows, int max_m, int n, int k,
                                     int block_n, int num_sms, int* err, cudaStream_t stream);
 
+// Grouped GEMM with the L1 (SwiGLU) epilogue over gate/up-interleaved W1 (n = 2I rows):
+// out_q E4M3 [rows, n / 2] = a / scale with a = silu(min(g, c)) * clamp(u, -c, c) * topk_w[row],
+// out_s FP32 [rows, n / 128]: one scale per token per 64 intermediate channels (a CTA tile).
+// activation_clamp c >= 0 (INFINITY: none); pow2_scales rounds scales up to powers of two.
+FP4G_API int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const void* w_packed,
+                                  const float* row_scale, const int* group_sizes, const float* topk_w,
+                                  void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
+                                  int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
+                                  int* err, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

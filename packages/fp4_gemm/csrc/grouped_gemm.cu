@@ -21,14 +21,16 @@ struct GemmArgs {
   GroupedProblem pb;
   WeightOperand w;
   TokenOperand x;
-  __nv_bfloat16* out;
-  int64_t out_ld;
+  __nv_bfloat16* out;  // BF16 epilogue: [rows][n]
+  L1Args l1;           // L1 epilogue
   int* err;
 };
 
-template <class Cfg>
+enum class Epilogue { kBF16, kL1 };
+
+template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 1)
-grouped_gemm_bf16_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs args) {
+grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs args) {
   // The dynamic shared memory window starts at offset 0 (no static shared memory in this kernel),
   // so it is 1024-byte aligned as the 128-byte swizzle needs; checked, not assumed. Pointers stay
   // in the shared address space (LDS, not generic loads).
@@ -56,19 +58,24 @@ grouped_gemm_bf16_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmA
     ptx::setmaxnreg_inc<kMathRegs>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     float acc[Cfg::kAccRegs];
-    while (sched.next(t)) {
+    for (uint32_t tiles = 0; sched.next(t); ++tiles) {
       if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) return;
-      const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
-      store_bf16<Cfg::kBlockN>(acc, args.w.row_scale + int64_t(t.group) * args.pb.n, args.out, args.out_ld,
-                               t.row0, t.rows, n0, tid_in_wg);
+      const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
+      if constexpr (kEpi == Epilogue::kBF16) {
+        const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
+        store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);
+      } else {
+        store_l1_fp8<Cfg::kBlockN>(acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg,
+                                   sm.epilogue(), tiles & 1);
+      }
     }
   }
 }
 
-template <int kBlockN, int kStages>
+template <int kBlockN, int kStages, Epilogue kEpi>
 int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t stream) {
   using Cfg = MainloopConfig<kBlockN, kStages>;
-  auto kernel = grouped_gemm_bf16_kernel<Cfg>;
+  auto kernel = grouped_gemm_kernel<Cfg, kEpi>;
   // Once per device and instantiation, not on every launch (it costs host time).
   static bool attr_set[kMaxDevices] = {};
   int dev = 0;
@@ -85,41 +92,75 @@ int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t 
 }  // namespace
 }  // namespace fp4_gemm
 
-extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
-                                      const float* row_scale, const int* group_sizes, void* out,
-                                      int layout, int num_groups, int64_t rows, int max_m, int n, int k,
-                                      int block_n, int num_sms, int* err, cudaStream_t stream) {
-  using namespace fp4_gemm;
+namespace fp4_gemm {
+namespace {
+
+template <Epilogue kEpi>
+int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int64_t rows, int max_m, int n, int k,
+                     int block_n, int num_sms, cudaStream_t stream) {
   if (num_groups < 0 || rows < 0 || n <= 0 || k <= 0 || n % WL::kBlockRows || k % WL::kBlockK)
     return FP4G_EINVAL;
   if (layout != int(GroupLayout::kContiguous) && layout != int(GroupLayout::kMasked)) return FP4G_EINVAL;
   if (layout == int(GroupLayout::kMasked) && (max_m <= 0 || rows != int64_t(num_groups) * max_m))
     return FP4G_EINVAL;
   if (num_groups == 0 || rows == 0) return FP4G_OK;
-  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w_packed)) % 16) return FP4G_EALIGN;
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(a.w.packed)) % 16) return FP4G_EALIGN;
   if (num_sms <= 0) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   }
-  GemmArgs a;
-  a.pb = GroupedProblem{GroupLayout(layout), num_groups, n, k, rows, max_m,
-                        layout == int(GroupLayout::kContiguous) ? group_sizes : nullptr,
-                        layout == int(GroupLayout::kMasked) ? group_sizes : nullptr};
-  a.w = WeightOperand{static_cast<const uint8_t*>(w_packed), row_scale};
-  a.x = TokenOperand{x_scales, k / WL::kBlockK};
-  a.out = static_cast<__nv_bfloat16*>(out);
-  a.out_ld = n;
-  a.err = err;
+  a.pb.layout = GroupLayout(layout);
+  a.pb.num_groups = num_groups;
+  a.pb.n = n;
+  a.pb.k = k;
+  a.pb.rows = rows;
+  a.pb.max_m = max_m;
+  a.x.scale_stride = k / WL::kBlockK;
   CUtensorMap map;
-  int rc = make_tensor_map_2d_u8(&map, x, k, rows, k, WL::kBlockK, block_n);
-  if (rc) return rc;
+  if (const int rc = make_tensor_map_2d_u8(&map, x, k, rows, k, WL::kBlockK, block_n)) return rc;
   switch (block_n) {
-    case 8: return launch<8, 16>(a, map, num_sms, stream);
-    case 16: return launch<16, 16>(a, map, num_sms, stream);
-    case 32: return launch<32, 16>(a, map, num_sms, stream);
-    case 64: return launch<64, 12>(a, map, num_sms, stream);
-    case 128: return launch<128, 8>(a, map, num_sms, stream);
+    case 8: return launch<8, 16, kEpi>(a, map, num_sms, stream);
+    case 16: return launch<16, 16, kEpi>(a, map, num_sms, stream);
+    case 32: return launch<32, 16, kEpi>(a, map, num_sms, stream);
+    case 64: return launch<64, 12, kEpi>(a, map, num_sms, stream);
+    case 128: return launch<128, 8, kEpi>(a, map, num_sms, stream);
     default: return FP4G_EUNSUPPORTED;
   }
+}
+
+GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row_scale, const int* group_sizes,
+                   int layout, int* err) {
+  GemmArgs a{};
+  a.pb.group_offsets = layout == int(GroupLayout::kContiguous) ? group_sizes : nullptr;
+  a.pb.masked_m = layout == int(GroupLayout::kMasked) ? group_sizes : nullptr;
+  a.w = WeightOperand{static_cast<const uint8_t*>(w_packed), row_scale};
+  a.x.scales = x_scales;
+  a.err = err;
+  return a;
+}
+
+}  // namespace
+}  // namespace fp4_gemm
+
+extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
+                                      const float* row_scale, const int* group_sizes, void* out,
+                                      int layout, int num_groups, int64_t rows, int max_m, int n, int k,
+                                      int block_n, int num_sms, int* err, cudaStream_t stream) {
+  using namespace fp4_gemm;
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, layout, err);
+  a.out = static_cast<__nv_bfloat16*>(out);
+  return run_grouped_gemm<Epilogue::kBF16>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
+}
+
+extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const void* w_packed,
+                                    const float* row_scale, const int* group_sizes, const float* topk_w,
+                                    void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
+                                    int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
+                                    int* err, cudaStream_t stream) {
+  using namespace fp4_gemm;
+  if (!(activation_clamp >= 0.f)) return FP4G_EINVAL;  // also rejects NaN
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, layout, err);
+  a.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};
+  return run_grouped_gemm<Epilogue::kL1>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }

@@ -10,7 +10,6 @@
 
 namespace fp4_gemm {
 
-using WL = PackedWeightLayout;
 constexpr int kNumShifts = WL::kMaxShift - WL::kMinShift + 1;
 
 // LUT[s - kMinShift] = E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^s (RNE, as the Python

@@ -35,6 +35,8 @@ struct PackedWeightLayout {
   static constexpr int kMaxShift = 6;    // 6 * 2^6 = 384 <= 448
 };
 
+using WL = PackedWeightLayout;
+
 static_assert(PackedWeightLayout::kCodeBytes == PackedWeightLayout::kRowsPerWarpgroup * PackedWeightLayout::kBlockK / 2,
               "two E2M1 codes per byte");
 static_assert(PackedWeightLayout::kWgChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");

@@ -49,7 +49,9 @@ struct MainloopConfig {
   static constexpr int kTokenOff = 0;
   static constexpr int kWeightOff = kTokenOff + kNumStages * kTokenTileBytes;
   static constexpr int kScaleOff = kWeightOff + kNumStages * kWeightBytes;
-  static constexpr int kLutOff = kScaleOff + kNumStages * kScaleBytes;
+  static constexpr int kEpilogueOff = kScaleOff + kNumStages * kScaleBytes;  // L1 epilogue maxima
+  static constexpr int kEpilogueBytes = 2 * kBlockN * 8 * 4;
+  static constexpr int kLutOff = kEpilogueOff + kEpilogueBytes;
   static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
   static constexpr int kSmemAlloc = kSmemBytes;
@@ -67,6 +69,7 @@ struct SmemView {
   __device__ uint8_t* tokens(int s) const { return base + Cfg::kTokenOff + s * Cfg::kTokenTileBytes; }
   __device__ uint8_t* weights(int s) const { return base + Cfg::kWeightOff + s * Cfg::kWeightBytes; }
   __device__ float* scales(int s) const { return reinterpret_cast<float*>(base + Cfg::kScaleOff + s * Cfg::kScaleBytes); }
+  __device__ float* epilogue() const { return reinterpret_cast<float*>(base + Cfg::kEpilogueOff); }
   __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }

@@ -98,6 +98,64 @@ def pick_block_n(expected_m: int) -> int:
     return BLOCK_NS[-1]
 
 
+@dataclass
+class _Problem:
+    x: A.DevArray
+    scales: A.DevArray
+    sizes: A.DevArray
+    packed: A.DevArray
+    row_scale: A.DevArray
+    layout: int
+    groups: int
+    rows: int
+    max_m: int
+    lead: tuple      # leading output dims: (rows,) or (G, max_m)
+    block_n: int
+
+
+def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) -> _Problem:
+    """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
+    if (group_offsets is None) == (masked_m is None):
+        raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
+    masked = masked_m is not None
+    sizes_name = "masked_m" if masked else "group_offsets"
+    xv, sv = A.view(x, "x"), A.view(x_scales, "x_scales")
+    A.check(xv, "x", ("fp8", "u8"), ndim=3 if masked else 2, contiguous=True)
+    A.check(sv, "x_scales", ("f32",), ndim=3 if masked else 2, contiguous=True)
+    gv = A.view(masked_m if masked else group_offsets, sizes_name)
+    A.check(gv, sizes_name, ("i32",), ndim=1, contiguous=True)
+    pv, rv = A.view(w.packed, "w.packed"), A.view(w.row_scale, "w.row_scale")
+    A.same_device(xv, sv, gv, pv, rv)
+    G, K = w.num_groups, w.k
+    if xv.shape[-1] != K:
+        raise ValueError(f"x: last dimension {xv.shape[-1]} != weights' K {K}")
+    if tuple(sv.shape) != tuple(xv.shape[:-1]) + (K // GROUP,):
+        raise ValueError(f"x_scales: expected shape {tuple(xv.shape[:-1]) + (K // GROUP,)}, got {sv.shape}")
+    if masked:
+        if xv.shape[0] != G or gv.shape[0] != G:
+            raise ValueError(f"x / masked_m: expected {G} groups, got {xv.shape[0]} / {gv.shape[0]}")
+        max_m, rows, lead = xv.shape[1], G * xv.shape[1], (G, xv.shape[1])
+    else:
+        if gv.shape[0] != G + 1:
+            raise ValueError(f"group_offsets: expected {G + 1} entries, got {gv.shape[0]}")
+        max_m, rows, lead = 0, xv.shape[0], (xv.shape[0],)
+    if block_n is None:
+        block_n = pick_block_n(max_m if masked else -(-rows // max(G, 1)))
+    if block_n not in BLOCK_NS:
+        raise ValueError(f"block_n: must be one of {BLOCK_NS}, got {block_n}")
+    return _Problem(xv, sv, gv, pv, rv, _LAYOUT["masked" if masked else "contiguous"], G, rows, max_m, lead, block_n)
+
+
+def _output(p: _Problem, out, shape, kinds, name):
+    if out is None:
+        out = A.empty_like_framework(p.x, shape, kinds[0])
+    ov = A.view(out, name)
+    A.check(ov, name, kinds, contiguous=True)
+    if tuple(ov.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {ov.shape}")
+    return out, ov
+
+
 def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, masked_m=None, block_n=None,
                  out=None):
     """FP8 x MXFP4 grouped GEMM, BF16 output: out[r] = W_g @ (x[r] * scale) for the rows r of group g.
@@ -106,44 +164,37 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, masked_m=
     Masked:     x [G, max_m, K], masked_m int32 [G] on the GPU (valid rows per group).
     x: FP8 E4M3 (CuPy: uint8), x_scales FP32 [..., K/128]. No host synchronisation.
     """
-    if (group_offsets is None) == (masked_m is None):
-        raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
-    masked = masked_m is not None
-    xv, sv = A.view(x, "x"), A.view(x_scales, "x_scales")
-    A.check(xv, "x", ("fp8", "u8"), ndim=3 if masked else 2, contiguous=True)
-    A.check(sv, "x_scales", ("f32",), ndim=3 if masked else 2, contiguous=True)
-    gv = A.view(masked_m if masked else group_offsets, "masked_m" if masked else "group_offsets")
-    A.check(gv, "masked_m" if masked else "group_offsets", ("i32",), ndim=1, contiguous=True)
-    pv, rv = A.view(w.packed, "w.packed"), A.view(w.row_scale, "w.row_scale")
-    A.same_device(xv, sv, gv, pv, rv)
-    G, N, K = w.num_groups, w.n, w.k
-    if xv.shape[-1] != K:
-        raise ValueError(f"x: last dimension {xv.shape[-1]} != weights' K {K}")
-    if tuple(sv.shape) != tuple(xv.shape[:-1]) + (K // GROUP,):
-        raise ValueError(f"x_scales: expected shape {tuple(xv.shape[:-1]) + (K // GROUP,)}, got {sv.shape}")
-    if masked:
-        if xv.shape[0] != G or gv.shape[0] != G:
-            raise ValueError(f"x / masked_m: expected {G} groups, got {xv.shape[0]} / {gv.shape[0]}")
-        max_m = xv.shape[1]
-        rows = G * max_m
-        out_shape = (G, max_m, N)
-    else:
-        if gv.shape[0] != G + 1:
-            raise ValueError(f"group_offsets: expected {G + 1} entries, got {gv.shape[0]}")
-        max_m = 0
-        rows = xv.shape[0]
-        out_shape = (rows, N)
-    if block_n is None:
-        block_n = pick_block_n(max_m if masked else -(-rows // max(G, 1)))
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"block_n: must be one of {BLOCK_NS}, got {block_n}")
-    if out is None:
-        out = A.empty_like_framework(xv, out_shape, "bf16")
-    ov = A.view(out, "out")
-    A.check(ov, "out", ("bf16", "u16"), contiguous=True)
-    if tuple(ov.shape) != out_shape:
-        raise ValueError(f"out: expected shape {out_shape}, got {ov.shape}")
-    err = A.view(_error_word(xv), "err")
-    LIB.call("fp4g_grouped_gemm_bf16", xv.ptr, sv.ptr, pv.ptr, rv.ptr, gv.ptr, ov.ptr, _LAYOUT["masked" if masked else "contiguous"],
-             G, rows, max_m, N, K, block_n, 0, err.ptr, A.stream_of(xv))
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
+    out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
+    err = A.view(_error_word(p.x), "err")
+    LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, ov.ptr,
+             p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, A.stream_of(p.x))
     return out
+
+
+L1_SCALE_GROUP = 64  # intermediate channels per L1 output scale (one CTA tile; see epilogue.cuh)
+
+
+def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, masked_m=None,
+                    activation_clamp: float = float("inf"), pow2: bool = False, block_n=None):
+    """Grouped GEMM with the L1 epilogue over gate/up-interleaved W1 ([G, 2I, K]):
+    a = silu(min(gate, c)) * clamp(up, -c, c) * topk_w[row] -> (E4M3 [..., I], FP32 scales
+    [..., I / 64]: one per token per 64 channels). topk_w: FP32, one per row of x ([M] or [G, max_m])."""
+    if not w.gate_up_interleave:
+        raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
+    if not activation_clamp >= 0:
+        raise ValueError(f"activation_clamp: must be >= 0 (inf for none), got {activation_clamp}")
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
+    tv = A.view(topk_w, "topk_w")
+    A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
+    if tuple(tv.shape) != p.lead:
+        raise ValueError(f"topk_w: expected shape {p.lead}, got {tv.shape}")
+    A.same_device(p.x, tv)
+    inter = w.n // 2
+    q, qv = _output(p, None, p.lead + (inter,), ("fp8", "u8"), "out_q")
+    s, s_v = _output(p, None, p.lead + (inter // L1_SCALE_GROUP,), ("f32",), "out_s")
+    err = A.view(_error_word(p.x), "err")
+    LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, tv.ptr,
+             qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, float(activation_clamp),
+             int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
+    return q, s
