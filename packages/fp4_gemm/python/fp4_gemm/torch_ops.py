@@ -7,7 +7,7 @@ and the quantiser work under torch.compile and inside CUDA graphs.
     torch.ops.fp4_gemm.grouped_gemm_masked(x, x_scales, packed, row_scale, masked_m, n, k, block_n)
                                                                               -> out [G, max_m, n] BF16
     torch.ops.fp4_gemm.grouped_gemm_l1_contiguous(x, x_scales, packed, row_scale, topk_w, group_offsets,
-                                                  n, k, activation_clamp, pow2, block_n)
+                                                  n, k, activation_clamp (< 0: none), pow2, block_n)
                                                                               -> (q [M, n/2], scales [M, n/128])
 block_n = 0 picks the token tile from the shapes.
 """
@@ -66,15 +66,16 @@ def _l1_weights(packed, row_scale, n, k):
 @torch.library.custom_op("fp4_gemm::grouped_gemm_l1_contiguous", mutates_args=())
 def grouped_gemm_l1_contiguous(x: torch.Tensor, x_scales: torch.Tensor, packed: torch.Tensor, row_scale: torch.Tensor,
                                topk_w: torch.Tensor, group_offsets: torch.Tensor, n: int, k: int,
-                               activation_clamp: float = float("inf"), pow2: bool = False,
+                               activation_clamp: float = -1.0, pow2: bool = False,
                                block_n: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    # A schema default cannot be inf: a negative clamp means none.
+    clamp = activation_clamp if activation_clamp >= 0 else float("inf")
     return ops.grouped_gemm_l1(x, x_scales, _l1_weights(packed, row_scale, n, k), topk_w, group_offsets=group_offsets,
-                               activation_clamp=activation_clamp, pow2=pow2, block_n=block_n or None)
+                               activation_clamp=clamp, pow2=pow2, block_n=block_n or None)
 
 
 @grouped_gemm_l1_contiguous.register_fake
-def _(x, x_scales, packed, row_scale, topk_w, group_offsets, n, k, activation_clamp=float("inf"), pow2=False,
-      block_n=0):
+def _(x, x_scales, packed, row_scale, topk_w, group_offsets, n, k, activation_clamp=-1.0, pow2=False, block_n=0):
     inter = n // 2
     return (x.new_empty((x.shape[0], inter), dtype=torch.float8_e4m3fn),
             x.new_empty((x.shape[0], inter // ops.L1_SCALE_GROUP), dtype=torch.float32))
