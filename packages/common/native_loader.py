@@ -31,7 +31,8 @@ def _candidates(pkg: str, pkg_dir: Path) -> list[Path]:
     if env:
         out.append(Path(env) / name)
     out.append(pkg_dir / name)
-    repo = pkg_dir.parents[2] if len(pkg_dir.parents) > 2 else pkg_dir
+    # Source tree (also an editable install): <repo>/packages/<pkg>/python/<pkg>/
+    repo = pkg_dir.parents[3] if len(pkg_dir.parents) > 3 else pkg_dir
     out.append(repo / "build" / "lib" / name)
     out.extend(Path(p) for p in sorted(glob.glob(str(repo / "build" / "*" / "lib" / name))))
     return out
@@ -68,6 +69,11 @@ class NativeLib:
                     fn.argtypes, fn.restype = args, res
             self._lib = L
         return self._lib
+
+    def require(self) -> None:
+        """Raise KernelsNotBuiltError (how to build) unless the library loads: call first in every
+        GPU entry point, before anything is allocated."""
+        self.lib
 
     def available(self) -> bool:
         try:

@@ -8,7 +8,7 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPushUnroll = 8;
+constexpr int kPushUnroll = 16;  // a whole BF16 row (H <= 4096) or half of one (H <= 8192) per batch
 constexpr int kReduceK = 8;
 
 __global__ void __launch_bounds__(kThreads, 1)

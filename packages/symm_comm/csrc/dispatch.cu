@@ -8,7 +8,7 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPullUnroll = 8;
+constexpr int kPullUnroll = 16;  // a whole row (H <= 8192) per lane batch: one round trip per row
 
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads, 1)

@@ -15,6 +15,7 @@ GROUP = 128  # channels per activation scale (the DeepEP convention on Hopper)
 
 def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
     """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128])."""
+    LIB.require()
     if gran != GROUP:
         raise ValueError(f"gran: the CUDA quantiser supports gran={GROUP} only, got {gran}")
     xv = A.view(x, "x")
@@ -115,6 +116,7 @@ class _Problem:
 
 def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) -> _Problem:
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
+    LIB.require()
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None

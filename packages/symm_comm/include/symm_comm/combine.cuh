@@ -71,36 +71,42 @@ __device__ __forceinline__ int4 f32x8_to_bf16x8(const float* acc) {
 }
 
 // y[t, :] = BF16( sum_{k = 0..K-1, bit k of kmask[t]} w[t, k] * combine[parity][k][t, :] ), FP32,
-// k in order. topk_w: FP32 [T, K] or null (w = 1). One warp per token; KB loads in flight per lane.
+// k in order. topk_w: FP32 [T, K] or null (w = 1). Work item = (token, 512-byte column chunk), one
+// 16-byte vector per lane, KB loads in flight per lane: a token's row is spread over many warps, so
+// small token counts still use the whole grid (one warp per token was ~28 dependent round trips).
 template <int KB>
 __device__ __forceinline__ void reduce_tokens(const Workers& W, const SymmLayout& L, uint64_t local, int parity,
                                               int num_tokens, const float* topk_w, uint16_t* y) {
   const int K = L.topk;
   const int n16 = L.hidden * 2 / 16;
+  const int nchunks = (n16 + 31) / 32;
   const uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
-  for (int64_t t = W.gwarp(); t < num_tokens; t += W.total_warps()) {
+  for (int64_t item = W.gwarp(); item < (int64_t)num_tokens * nchunks; item += W.total_warps()) {
+    const int64_t t = item / nchunks;
+    const int c = (int)(item - t * nchunks) * 32 + W.lane;
+    if (c >= n16) continue;
     const uint32_t mask = __ldg(kmask + t);
-    int4* yrow = reinterpret_cast<int4*>(y + t * L.hidden);
-    for (int c = W.lane; c < n16; c += 32) {
-      float acc[8];
+    float acc[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      for (int k0 = 0; k0 < K; k0 += KB) {
-        int4 v[KB];
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    for (int k0 = 0; k0 < K; k0 += KB) {
+      int4 v[KB];
+      float w[KB];  // loaded with the rows, not one dependent load per k in the sum
 #pragma unroll
-        for (int u = 0; u < KB; ++u) {
-          const int k = k0 + u;
-          if (k < K && ((mask >> k) & 1u))
-            v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(combine_row(local, L, parity, k, (int)t)) + c);
-        }
-#pragma unroll
-        for (int u = 0; u < KB; ++u) {
-          const int k = k0 + u;
-          if (k < K && ((mask >> k) & 1u)) bf16x8_accumulate(acc, v[u], topk_w ? __ldg(topk_w + t * K + k) : 1.f);
+      for (int u = 0; u < KB; ++u) {
+        const int k = k0 + u;
+        if (k < K && ((mask >> k) & 1u)) {
+          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(combine_row(local, L, parity, k, (int)t)) + c);
+          w[u] = topk_w ? __ldg(topk_w + t * K + k) : 1.f;
         }
       }
-      ptx::st_v4(yrow + c, f32x8_to_bf16x8(acc));
+#pragma unroll
+      for (int u = 0; u < KB; ++u) {
+        const int k = k0 + u;
+        if (k < K && ((mask >> k) & 1u)) bf16x8_accumulate(acc, v[u], w[u]);
+      }
     }
+    ptx::st_v4(reinterpret_cast<int4*>(y + t * L.hidden) + c, f32x8_to_bf16x8(acc));
   }
 }
 

@@ -44,13 +44,27 @@ __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src
   }
 }
 
-// All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4).
+// All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4). Each
+// thread keeps kGridCopyUnroll loads in flight: one per thread cannot cover the HBM latency.
+constexpr int kGridCopyUnroll = 4;
 __device__ __forceinline__ void grid_copy_bytes(void* dst, const void* src, int64_t nbytes, int64_t gtid,
                                                 int64_t gthreads) {
   const int64_t n16 = nbytes / 16;
   const int4* s = reinterpret_cast<const int4*>(src);
   int4* d = reinterpret_cast<int4*>(dst);
-  for (int64_t i = gtid; i < n16; i += gthreads) ptx::st_v4(d + i, ptx::ld_v4_local(s + i));
+  for (int64_t i0 = gtid; i0 < n16; i0 += kGridCopyUnroll * gthreads) {
+    int4 v[kGridCopyUnroll];
+#pragma unroll
+    for (int u = 0; u < kGridCopyUnroll; ++u) {
+      const int64_t i = i0 + u * gthreads;
+      if (i < n16) v[u] = ptx::ld_v4_local(s + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kGridCopyUnroll; ++u) {
+      const int64_t i = i0 + u * gthreads;
+      if (i < n16) ptx::st_v4(d + i, v[u]);
+    }
+  }
   const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
   uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
   for (int64_t i = n16 * 4 + gtid; i < nbytes / 4; i += gthreads) d4[i] = __ldg(s4 + i);

@@ -52,13 +52,22 @@ __device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout&
   } else {
     for (int64_t i = gt; i < T * K; i += nt) sw[i] = 0.f;
   }
+  // kmask: the ids of a token are loaded kIdxBatch at a time (one latency, not K in a row).
+  constexpr int kIdxBatch = 8;
   uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
   for (int64_t t = gt; t < T; t += nt) {
     uint32_t m = 0;
-    for (int k = 0; k < K; ++k) {
-      const int64_t e = load_idx<IdxT>(a.topk_idx, t * K + k);
-      if (e >= 0 && e < L.num_experts) m |= 1u << k;
-      else if (e != -1) report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
+    for (int k0 = 0; k0 < K; k0 += kIdxBatch) {
+      int64_t e[kIdxBatch];
+#pragma unroll
+      for (int u = 0; u < kIdxBatch; ++u) e[u] = k0 + u < K ? load_idx<IdxT>(a.topk_idx, t * K + k0 + u) : -1;
+#pragma unroll
+      for (int u = 0; u < kIdxBatch; ++u) {
+        const int k = k0 + u;
+        if (e[u] >= 0 && e[u] < L.num_experts) m |= 1u << k;
+        else if (e[u] != -1)
+          report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e[u]);
+      }
     }
     kmask[t] = m;
   }
@@ -71,7 +80,7 @@ __device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout&
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                               const DispatchArgs& a, int32_t* scratch, const ErrSink& err) {
-  constexpr int U = 4;
+  constexpr int U = 16;  // ids loaded per lane per step: a warp's chunk is 2048 ids at T = 4096, K = 8
   const int64_t N = (int64_t)a.num_tokens * L.topk;
   const int Lx = L.num_local_experts;
   const int64_t chunk = ((N + W.nwarps - 1) / W.nwarps + 31) / 32 * 32;
@@ -201,7 +210,11 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 }
 
 // Phase B: pull every row this rank owns. Work item q -> source s = (q + rank) % R, j = q / R: the
-// warps in flight at any time spread over all sources (all links busy).
+// warps in flight at any time spread over all sources (all links busy). The scale and weight loads
+// are issued before the row's, and with 32 * 16 * UNROLL >= H bytes the whole row is one batch: one
+// NVLink round trip per row instead of one per batch plus one each for scales and weight.
+constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row copy (S <= 64: H <= 8192)
+
 template <int UNROLL>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity) {
@@ -226,12 +239,29 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (flat < 0 || flat >= T * K) continue;  // defensive: never index outside the staging
     const int32_t tok = flat / K, k = flat - tok * K;
     const uint64_t src = peers[s];
+    const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
+    int32_t* s_dst = reinterpret_cast<int32_t*>(ps + row * S);
+    int32_t sv[kPullScaleRegs];
+#pragma unroll
+    for (int u = 0; u < kPullScaleRegs; ++u) {
+      const int i = u * 32 + W.lane;
+      if (i < S) sv[u] = ptx::ld_relaxed_sys_s32(s_src + i);
+    }
+    float wv = 0.f;
+    if (W.lane == 0) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
     warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + row * H),
                                reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), (int)(H / 16), W.lane);
-    warp_copy_b32<true>(reinterpret_cast<uint32_t*>(ps + row * S),
-                        reinterpret_cast<const uint32_t*>(stage_s(src, L, parity) + tok * S), (int)S, W.lane);
+#pragma unroll
+    for (int u = 0; u < kPullScaleRegs; ++u) {
+      const int i = u * 32 + W.lane;
+      if (i < S) s_dst[i] = sv[u];
+    }
+    constexpr int kHeld = 32 * kPullScaleRegs;  // scales beyond these (H > 8192) are copied afterwards
+    if (S > kHeld)
+      warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld), reinterpret_cast<const uint32_t*>(s_src + kHeld),
+                          (int)(S - kHeld), W.lane);
     if (W.lane == 0) {
-      pw[row] = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
+      pw[row] = wv;
       row_src[row] = (s * T + tok) * K + k;
     }
     __syncwarp();
