@@ -25,6 +25,7 @@ CASES = [
     ("prefill-7168x3072", "contiguous", 32, 1024, 7168, 3072),
     ("decode-6144x7168", "masked", 32, 8, 6144, 7168),
     ("decode-7168x3072", "masked", 32, 8, 7168, 3072),
+    ("prefill-L1-4096x4096", "l1", 32, 1024, 4096, 4096),  # flash W1 (2I x H) with the SwiGLU -> FP8 epilogue
 ]
 
 
@@ -62,6 +63,11 @@ def bench_case(name, lay, G, m, N, K, peaks, weights="gaussian"):
     if lay == "contiguous":
         offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
         fn = lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs)  # noqa: E731
+    elif lay == "l1":
+        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
+        w.gate_up_interleave = True  # random layout-valid weights; speed does not depend on the pairing
+        tw_ = torch.rand(G * m, device="cuda")
+        fn = lambda: ops.grouped_gemm_l1(xq, xs, w, tw_, group_offsets=offs)  # noqa: E731
     else:
         mm = torch.full((G,), m, dtype=torch.int32, device="cuda")
         xq3, xs3 = xq.view(G, m, K), xs.view(G, m, K // 128)
