@@ -7,7 +7,7 @@ mkdir -p "$logdir"
 out=compile
 prev=""
 for a in "$@"; do
-  if [ "$prev" = "-o" ]; then out=$(basename "$a"); fi
+  if [ "$prev" = "-o" ]; then out=$(echo "$a" | tr '/' '_'); fi  # full object path: unique per target
   prev="$a"
 done
 log="$logdir/$out.log"

@@ -91,6 +91,14 @@ def same_device(*arrs: DevArray):
         raise ValueError(f"arrays are on different devices: {sorted(devs)}")
 
 
+def device_of(a: DevArray):
+    """Context manager making a's device current: the C launchers launch on the current device."""
+    if a.framework == "torch":
+        return _torch().cuda.device(a.device)
+    import cupy
+    return cupy.cuda.Device(a.device)
+
+
 def stream_of(a: DevArray) -> int:
     if a.framework == "torch":
         return _torch().cuda.current_stream(a.device).cuda_stream

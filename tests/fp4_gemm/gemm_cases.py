@@ -2,10 +2,19 @@
 group sizes, and the float64 reference on the same quantised inputs."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from fp4_gemm import numerics as nm
 from fp4_gemm.ops import prepare_weights
+
+
+def fresh_generator():
+    """A generator seeded from os.urandom (printed, so a failure can be replayed)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
 
 
 def random_weights(G, N, K, gen, device="cuda", gate_up=False):

@@ -1,8 +1,6 @@
 """Grouped FP8 x MXFP4 GEMM on the GPU against the float64 reference (same quantised inputs)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -10,15 +8,9 @@ pytestmark = pytest.mark.gpu
 
 from fp4_gemm import ops, quantize_fp8  # noqa: E402
 
-from gemm_cases import gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
+from gemm_cases import fresh_generator, gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
 
 POISON = 0x7FC1  # a BF16 NaN: any element the kernel fails to write stays NaN
-
-
-def _gen():
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 CONTIGUOUS_CASES = [
@@ -37,7 +29,7 @@ CONTIGUOUS_CASES = [
 @pytest.mark.parametrize("G,N,K,sizes", CONTIGUOUS_CASES)
 @pytest.mark.parametrize("block_n", [None, 8, 128])
 def test_contiguous(G, N, K, sizes, block_n):
-    gen = _gen()
+    gen = fresh_generator()
     if sizes == "random":
         sizes = torch.randint(0, 300, (G,), generator=gen).tolist()
         sizes[0] = 0
@@ -48,7 +40,7 @@ def test_contiguous(G, N, K, sizes, block_n):
     x = random_tokens(M, K, gen)
     xq, xs = quantize_fp8(x)
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    out = torch.full((M, N), 0, dtype=torch.int16, device="cuda").fill_(POISON).view(torch.bfloat16)
+    out = torch.full((M, N), POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
     ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=block_n, out=out)
     torch.cuda.synchronize()
     ops.check_errors()
@@ -59,7 +51,7 @@ def test_contiguous(G, N, K, sizes, block_n):
 
 @pytest.mark.parametrize("G,N,K,max_m", [(4, 256, 512, 8), (32, 384, 256, 16), (6, 256, 1024, 200), (2, 128, 7168, 64)])
 def test_masked(G, N, K, max_m):
-    gen = _gen()
+    gen = fresh_generator()
     tw, pw = random_weights(G, N, K, gen)
     m = torch.randint(0, max_m + 1, (G,), generator=gen)
     m[0] = 0
@@ -82,7 +74,7 @@ def test_masked(G, N, K, max_m):
 
 def test_cupy_arrays():
     cp = pytest.importorskip("cupy")
-    gen = _gen()
+    gen = fresh_generator()
     G, N, K = 3, 256, 256
     tw, pw = random_weights(G, N, K, gen)
     sizes = [10, 0, 21]
@@ -98,7 +90,7 @@ def test_cupy_arrays():
 
 
 def test_bad_arguments():
-    gen = _gen()
+    gen = fresh_generator()
     tw, pw = random_weights(2, 128, 256, gen)
     xq, xs = quantize_fp8(random_tokens(4, 256, gen))
     offs = torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda")
@@ -112,3 +104,7 @@ def test_bad_arguments():
         ops.grouped_gemm(xq.cpu(), xs, pw, group_offsets=offs)
     with pytest.raises(ValueError, match="block_n"):
         ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=24)
+    with pytest.raises(ValueError, match="w.packed"):  # weights that do not match (G, N, K)
+        ops.grouped_gemm(xq, xs, ops.PackedWeights(pw.packed, pw.row_scale, 2, 256, 256), group_offsets=offs)
+    with pytest.raises(TypeError, match="w.row_scale"):
+        ops.grouped_gemm(xq, xs, ops.PackedWeights(pw.packed, pw.row_scale.double(), 2, 128, 256), group_offsets=offs)

@@ -1,28 +1,20 @@
 """Grouped GEMM with the L1 (SwiGLU x top-k weight -> FP8) epilogue against the reference recipe."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
 from fp4_gemm import ops, quantize_fp8  # noqa: E402
-from gemm_cases import check_l1, l1_reference, random_tokens, random_weights  # noqa: E402
-
-
-def _gen():
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
+from gemm_cases import fresh_generator, check_l1, l1_reference, random_tokens, random_weights  # noqa: E402
 
 
 @pytest.mark.parametrize("G,I,K,sizes", [(4, 128, 512, [0, 37, 130, 5]), (2, 384, 7168, [70, 9]),
                                          (8, 64, 256, [1, 0, 300, 64, 65, 0, 7, 128])])
 @pytest.mark.parametrize("clamp,pow2", [(float("inf"), False), (1.0, False), (float("inf"), True)])
 def test_l1_contiguous(G, I, K, sizes, clamp, pow2):
-    gen = _gen()
+    gen = fresh_generator()
     tw, pw = random_weights(G, 2 * I, K, gen, gate_up=True)
     M = sum(sizes)
     x = random_tokens(M, K, gen)
@@ -39,7 +31,7 @@ def test_l1_contiguous(G, I, K, sizes, clamp, pow2):
 
 
 def test_l1_masked():
-    gen = _gen()
+    gen = fresh_generator()
     G, I, K, max_m = 3, 256, 1024, 40
     tw, pw = random_weights(G, 2 * I, K, gen, gate_up=True)
     m = torch.tensor([0, 40, 17], dtype=torch.int32)
@@ -48,6 +40,7 @@ def test_l1_masked():
     q, s = ops.grouped_gemm_l1(xq.view(G, max_m, K), xs.view(G, max_m, K // 128), pw, w.view(G, max_m),
                                masked_m=m.cuda())
     torch.cuda.synchronize()
+    ops.check_errors()
     q_ref, s_ref = l1_reference(xq, xs, tw, [(g, g * max_m, int(m[g])) for g in range(G)], w)
     q, s = q.view(torch.uint8).view(G * max_m, I), s.view(G * max_m, I // 64)
     valid = torch.cat([torch.arange(g * max_m, g * max_m + int(m[g])) for g in range(G)])
@@ -55,7 +48,7 @@ def test_l1_masked():
 
 
 def test_l1_needs_interleaved_weights():
-    gen = _gen()
+    gen = fresh_generator()
     _, pw = random_weights(1, 256, 256, gen, gate_up=False)
     xq, xs = quantize_fp8(random_tokens(4, 256, gen))
     with pytest.raises(ValueError, match="gate_up_interleave"):

@@ -27,3 +27,22 @@ def test_gpu_entry_points_raise_before_work(tmp_path, monkeypatch):
         ops.grouped_gemm(object(), object(), None, group_offsets=object())
     q, s = fp4_gemm.quantize_fp8(torch.randn(3, 256).bfloat16())  # CPU reference still works
     assert q.shape == (3, 256) and s.shape == (3, 2)
+
+
+def test_weight_buffers_must_match_the_shape():
+    """The kernel trusts (G, N, K): packed buffers of another shape or dtype are refused up front."""
+    from fp4_gemm._arrays import DevArray
+    def dev(shape, kind, itemsize):
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+        return DevArray(None, "torch", 256, tuple(shape), tuple(strides), itemsize, kind, 0)
+    w = ops.PackedWeights(None, None, 2, 256, 384)
+    ops._check_weights(w, dev((2, 2, 3, 8704), "u8", 1), dev((2, 256), "f32", 4))
+    with pytest.raises(ValueError, match="w.packed"):
+        ops._check_weights(w, dev((2, 2, 2, 8704), "u8", 1), dev((2, 256), "f32", 4))
+    with pytest.raises(TypeError, match="w.row_scale"):
+        ops._check_weights(w, dev((2, 2, 3, 8704), "u8", 1), dev((2, 256), "bf16", 2))
+    with pytest.raises(ValueError, match="N=100"):
+        ops._check_weights(ops.PackedWeights(None, None, 2, 100, 384), dev((1,), "u8", 1), dev((1,), "f32", 4))

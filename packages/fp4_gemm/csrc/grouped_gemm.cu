@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kProducerRegs = 40;
 constexpr int kMathRegs = 232;
-constexpr int kThreads = 128 + kMathThreads;
-constexpr int kMaxDevices = 64;  // producer warpgroup + math warpgroups
+constexpr int kThreads = 128 + kMathThreads;  // producer warpgroup + math warpgroups
+constexpr int kMaxDevices = 64;
 static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file");
 
 struct GemmArgs {
@@ -81,19 +81,13 @@ int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t 
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev >= kMaxDevices || !attr_set[dev]) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (e != cudaSuccess) return int(e);
     if (dev < kMaxDevices) attr_set[dev] = true;
   }
-  kernel<<<num_sms, kThreads, Cfg::kSmemAlloc, stream>>>(map, a);
+  kernel<<<num_sms, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
   return int(cudaGetLastError());
 }
-
-}  // namespace
-}  // namespace fp4_gemm
-
-namespace fp4_gemm {
-namespace {
 
 template <Epilogue kEpi>
 int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int64_t rows, int max_m, int n, int k,
@@ -101,7 +95,7 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   if (num_groups < 0 || rows < 0 || n <= 0 || k <= 0 || n % WL::kBlockRows || k % WL::kBlockK)
     return FP4G_EINVAL;
   if (layout != int(GroupLayout::kContiguous) && layout != int(GroupLayout::kMasked)) return FP4G_EINVAL;
-  if (layout == int(GroupLayout::kMasked) && (max_m <= 0 || rows != int64_t(num_groups) * max_m))
+  if (layout == int(GroupLayout::kMasked) && (max_m < 0 || rows != int64_t(num_groups) * max_m))
     return FP4G_EINVAL;
   if (num_groups == 0 || rows == 0) return FP4G_OK;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(a.w.packed)) % 16) return FP4G_EALIGN;

@@ -44,11 +44,10 @@ __device__ __forceinline__ void store_bf16(const float (&acc)[kBlockN / 2], cons
 // partial maxima through shared memory (double-buffered by tile parity, one named barrier).
 constexpr int kL1ScaleGroup = WL::kBlockRows / 2;
 constexpr uint32_t kL1AmaxBarrier = 1;  // named barrier id (0 is __syncthreads)
-constexpr uint32_t kMathThreadsForEpilogue = WL::kWarpgroupsPerBlock * WL::kThreadsPerWarpgroup;
 
 // Shared memory for the partial maxima (MainloopConfig::kEpilogueBytes): [2 tile parities]
 // [kBlockN tokens][8 math warps] FP32.
-static_assert(WL::kWarpgroupsPerBlock * WL::kThreadsPerWarpgroup / 32 == 8, "8 math warps share a token's max");
+static_assert(WL::kMathThreads / 32 == 8, "8 math warps share a token's max");
 
 struct L1Args {
   const float* topk_w;  // [rows] top-k weight of each token row
@@ -98,7 +97,7 @@ __device__ __forceinline__ void store_l1_fp8(const float (&acc)[kBlockN / 2], co
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
     if (lane < 4) buf[(8 * (i / 2) + 2 * q + i % 2) * 8 + wg * 4 + warp] = m;
   }
-  ptx::named_barrier(kL1AmaxBarrier, kMathThreadsForEpilogue);
+  ptx::named_barrier(kL1AmaxBarrier, WL::kMathThreads);
 #pragma unroll
   for (int i = 0; i < kTok; ++i) {
     const int tok = 8 * (i / 2) + 2 * q + i % 2;

@@ -26,6 +26,7 @@ struct PackedWeightLayout {
   static constexpr int kGroupK = 32;             // MXFP4 group = wgmma K for FP8
   static constexpr int kStepsPerBlockK = kBlockK / kGroupK;
   static constexpr int kThreadsPerWarpgroup = 128;
+  static constexpr int kMathThreads = kWarpgroupsPerBlock * kThreadsPerWarpgroup;
   static constexpr int kCodeBytesPerThreadStep = 8;
   static constexpr int kCodeBytes = kStepsPerBlockK * kThreadsPerWarpgroup * kCodeBytesPerThreadStep;
   static constexpr int kShiftBytes = kRowsPerWarpgroup * kStepsPerBlockK;

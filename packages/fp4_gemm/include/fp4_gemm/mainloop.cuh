@@ -22,8 +22,7 @@
 
 namespace fp4_gemm {
 
-constexpr int kMathWarpgroups = WL::kWarpgroupsPerBlock;
-constexpr int kMathThreads = kMathWarpgroups * 128;
+constexpr int kMathThreads = WL::kMathThreads;
 constexpr uint64_t kPipelineTimeoutNs = 20ull * 1000 * 1000 * 1000;  // 20 s: a stuck pipeline, not a slow one
 
 // Error codes a kernel leaves in its error word (first error wins).
@@ -54,12 +53,11 @@ struct MainloopConfig {
   static constexpr int kLutOff = kEpilogueOff + kEpilogueBytes;
   static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
-  static constexpr int kSmemAlloc = kSmemBytes;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
   static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
   static_assert(kWeightBytes % 16 == 0 && kWeightOff % 16 == 0, "bulk copy alignment");
-  static_assert(kSmemAlloc <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
   static_assert(kBlockK == 128, "one activation scale per stage");
 };
 

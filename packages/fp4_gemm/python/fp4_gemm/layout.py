@@ -54,6 +54,8 @@ def pack_weights(codes: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"weights: N={N} must be a multiple of {C['kBlockRows']} and K={K} of {C['kBlockK']}")
     if tuple(shift.shape) != (G, N, K // C["kGroupK"]):
         raise ValueError(f"shift: expected shape {(G, N, K // C['kGroupK'])}, got {tuple(shift.shape)}")
+    if shift.numel() and not (C["kMinShift"] <= int(shift.min()) and int(shift.max()) <= C["kMaxShift"]):
+        raise ValueError(f"shift: values must lie in [{C['kMinShift']}, {C['kMaxShift']}] (the decoder's table)")
     NB, KB, WG = N // C["kBlockRows"], K // C["kBlockK"], C["kWarpgroupsPerBlock"]
     S = C["kStepsPerBlockK"]
     out = torch.empty((G, NB, KB, WG, C["kWgChunkBytes"]), dtype=torch.uint8, device=codes.device)

@@ -32,8 +32,9 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
     q = A.empty_like_framework(xv, (T, H), "fp8")
     s = A.empty_like_framework(xv, (T, H // GROUP), "f32")
     qv, sv = A.view(q, "q"), A.view(s, "scales")
-    LIB.call("fp4g_quantize_fp8", xv.ptr, qv.ptr, sv.ptr, T, H, xv.strides[0] if T > 1 else H,
-             int(bool(pow2)), A.stream_of(xv))
+    with A.device_of(xv):
+        LIB.call("fp4g_quantize_fp8", xv.ptr, qv.ptr, sv.ptr, T, H, xv.strides[0] if T > 1 else H,
+                 int(bool(pow2)), A.stream_of(xv))
     return q, s
 
 
@@ -80,7 +81,8 @@ def _error_word(a: A.DevArray):
 
 
 _KERNEL_ERRORS = {1: "a math warpgroup timed out waiting for data (pipeline stalled)",
-                  2: "the producer timed out waiting for a free pipeline stage"}
+                  2: "the producer timed out waiting for a free pipeline stage",
+                  3: "dynamic shared memory was not 1024-byte aligned (nothing computed)"}
 
 
 def check_errors():
@@ -129,6 +131,7 @@ def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) ->
     pv, rv = A.view(w.packed, "w.packed"), A.view(w.row_scale, "w.row_scale")
     A.same_device(xv, sv, gv, pv, rv)
     G, K = w.num_groups, w.k
+    _check_weights(w, pv, rv)
     if xv.shape[-1] != K:
         raise ValueError(f"x: last dimension {xv.shape[-1]} != weights' K {K}")
     if tuple(sv.shape) != tuple(xv.shape[:-1]) + (K // GROUP,):
@@ -148,11 +151,27 @@ def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) ->
     return _Problem(xv, sv, gv, pv, rv, _LAYOUT["masked" if masked else "contiguous"], G, rows, max_m, lead, block_n)
 
 
+def _check_weights(w: PackedWeights, pv: A.DevArray, rv: A.DevArray):
+    """The packed buffers must be exactly what (G, N, K) says: the kernel trusts these sizes."""
+    from .layout import constants
+    C = constants()
+    if w.n <= 0 or w.k <= 0 or w.n % C["kBlockRows"] or w.k % C["kBlockK"]:
+        raise ValueError(f"w: N={w.n} must be a positive multiple of {C['kBlockRows']} and K={w.k} of {C['kBlockK']}")
+    want = (w.num_groups, w.n // C["kBlockRows"], w.k // C["kBlockK"], C["kBlockChunkBytes"])
+    A.check(pv, "w.packed", ("u8",), contiguous=True)
+    if tuple(pv.shape) != want:
+        raise ValueError(f"w.packed: expected shape {want} for G={w.num_groups}, N={w.n}, K={w.k}, got {pv.shape}")
+    A.check(rv, "w.row_scale", ("f32",), contiguous=True)
+    if tuple(rv.shape) != (w.num_groups, w.n):
+        raise ValueError(f"w.row_scale: expected shape {(w.num_groups, w.n)}, got {rv.shape}")
+
+
 def _output(p: _Problem, out, shape, kinds, name):
     if out is None:
         out = A.empty_like_framework(p.x, shape, kinds[0])
     ov = A.view(out, name)
     A.check(ov, name, kinds, contiguous=True)
+    A.same_device(p.x, ov)
     if tuple(ov.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {ov.shape}")
     return out, ov
@@ -169,8 +188,9 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, masked_m=
     p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
     out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
     err = A.view(_error_word(p.x), "err")
-    LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, ov.ptr,
-             p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, A.stream_of(p.x))
+    with A.device_of(p.x):
+        LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, ov.ptr,
+                 p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, A.stream_of(p.x))
     return out
 
 
@@ -196,7 +216,8 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
     q, qv = _output(p, None, p.lead + (inter,), ("fp8", "u8"), "out_q")
     s, s_v = _output(p, None, p.lead + (inter // L1_SCALE_GROUP,), ("f32",), "out_s")
     err = A.view(_error_word(p.x), "err")
-    LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, tv.ptr,
-             qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, float(activation_clamp),
-             int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
+    with A.device_of(p.x):
+        LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, tv.ptr,
+                 qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, float(activation_clamp),
+                 int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
     return q, s
