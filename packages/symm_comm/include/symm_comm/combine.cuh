@@ -32,22 +32,12 @@ __device__ __forceinline__ void push_row(const SymmLayout& L, const uint64_t* pe
 template <int UNROLL, bool kCoherentSrc>
 __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, const uint16_t* expert_out) {
-  const int R = L.num_ranks;
   const int32_t* row_src = at<int32_t>(local, L.off_row_src);
-  int32_t max_total = 0;
-  for (int s = 0; s < R; ++s) max_total = max(max_total, t.src_total(L, s));
-  const int64_t nq = (int64_t)R * max_total;
-  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) {
-    const int s = (int)((q + L.rank) % R);
-    const int32_t j = (int32_t)(q / R);
-    if (j >= t.src_total(L, s)) continue;
-    int le;
-    int32_t slot;
-    const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+  for_each_pool_row_interleaved(W, L, t, [&](int, int32_t row, int, int32_t) {
     const int32_t code = __ldg(row_src + row);
-    if (code < 0) continue;
-    push_row<UNROLL, kCoherentSrc>(L, peers, parity, code, expert_out + (int64_t)row * L.hidden, W.lane);
-  }
+    if (code >= 0)
+      push_row<UNROLL, kCoherentSrc>(L, peers, parity, code, expert_out + (int64_t)row * L.hidden, W.lane);
+  });
 }
 
 __device__ __forceinline__ void bf16x8_accumulate(float* acc, const int4& v, float w) {

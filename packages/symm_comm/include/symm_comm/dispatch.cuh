@@ -73,6 +73,18 @@ __device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout&
   }
 }
 
+// m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
+// by the count pass and the slot pass of push_metadata.
+template <int U, typename IdxT>
+__device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, int64_t end, int e, int lane,
+                                          bool (&m)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = base + u * 32 + lane;
+    m[u] = i < end && load_idx<IdxT>(topk_idx, i) == e;
+  }
+}
+
 // Phase A metadata push. Group g handles global experts e = g, g + ngroups, ...: a two-pass ballot
 // scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives every match its slot
 // in row-major order; slots go to the owner's meta_slots, the count to its meta_count.
@@ -92,11 +104,7 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     int32_t cnt = 0;
     for (int64_t base = beg; base < end; base += 32 * U) {
       bool m[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t i = base + u * 32 + W.lane;
-        m[u] = i < end && load_idx<IdxT>(a.topk_idx, i) == e;
-      }
+      match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
 #pragma unroll
       for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, m[u]));
     }
@@ -119,11 +127,7 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     if (cnt > 0) {
       for (int64_t base = beg; base < end; base += 32 * U) {
         bool m[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t i = base + u * 32 + W.lane;
-          m[u] = i < end && load_idx<IdxT>(a.topk_idx, i) == e;
-        }
+        match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
@@ -209,8 +213,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   }
 }
 
-// Phase B: pull every row this rank owns. Work item q -> source s = (q + rank) % R, j = q / R: the
-// warps in flight at any time spread over all sources (all links busy). The scale and weight loads
+// Phase B: pull every row this rank owns, sources interleaved (for_each_pool_row_interleaved). The scale and weight loads
 // are issued before the row's, and with 32 * 16 * UNROLL >= H bytes the whole row is one batch: one
 // NVLink round trip per row instead of one per batch plus one each for scales and weight.
 constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row copy (S <= 64: H <= 8192)
@@ -218,25 +221,16 @@ constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row c
 template <int UNROLL>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity) {
-  const int R = L.num_ranks, K = L.topk, T = L.max_tokens;
+  const int K = L.topk, T = L.max_tokens;
   const int64_t H = L.hidden, S = L.scale_cols;
-  int32_t max_total = 0;
-  for (int s = 0; s < R; ++s) max_total = max(max_total, t.src_total(L, s));
   uint8_t* px = at<uint8_t>(local, L.off_pool_x);
   float* ps = at<float>(local, L.off_pool_s);
   float* pw = at<float>(local, L.off_pool_w);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
-  const int64_t nq = (int64_t)R * max_total;
-  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) {
-    const int s = (int)((q + L.rank) % R);
-    const int32_t j = (int32_t)(q / R);
-    if (j >= t.src_total(L, s)) continue;
-    int le;
-    int32_t slot;
-    const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+  for_each_pool_row_interleaved(W, L, t, [&](int s, int32_t row, int le, int32_t slot) {
     const int32_t flat = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
-    if (flat < 0 || flat >= T * K) continue;  // defensive: never index outside the staging
+    if (flat < 0 || flat >= T * K) return;  // defensive: never index outside the staging
     const int32_t tok = flat / K, k = flat - tok * K;
     const uint64_t src = peers[s];
     const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
@@ -266,7 +260,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     }
     __syncwarp();
     if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
-  }
+  });
 }
 
 }  // namespace symm

@@ -131,6 +131,27 @@ __device__ __forceinline__ int32_t pool_row_of(const SymmLayout& L, const PoolTa
   return t.pos[le * L.num_ranks + s] + slot;
 }
 
+// Calls fn(s, row, le, slot) for every pool row of the last dispatch, one warp per row, work item
+// q -> source s = (q + rank) % R, j = q / R: the warps in flight at any time spread over all
+// sources, so every NVLink link stays busy (dispatch pulls and combine pushes walk the same order).
+template <class Fn>
+__device__ __forceinline__ void for_each_pool_row_interleaved(const Workers& W, const SymmLayout& L, const PoolTables& t,
+                                                              Fn&& fn) {
+  const int R = L.num_ranks;
+  int32_t max_total = 0;
+  for (int s = 0; s < R; ++s) max_total = max(max_total, t.src_total(L, s));
+  const int64_t nq = (int64_t)R * max_total;
+  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) {
+    const int s = (int)((q + L.rank) % R);
+    const int32_t j = (int32_t)(q / R);
+    if (j >= t.src_total(L, s)) continue;
+    int le;
+    int32_t slot;
+    const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+    fn(s, row, le, slot);
+  }
+}
+
 // Is pool row r (r < U) a real row (not padding)?
 __device__ __forceinline__ bool pool_row_valid(const SymmLayout& L, const PoolTables& t, int32_t r) {
   const int Lx = L.num_local_experts;
