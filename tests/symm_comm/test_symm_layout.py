@@ -34,12 +34,17 @@ def test_struct_mirror_size():
 
 
 @pytest.mark.parametrize("R,E,H,K,T,bm", [(1, 8, 256, 2, 16, 128), (2, 256, 7168, 8, 4096, 128),
+                                          (8, 256, 1024, 8, 65536, 128),
                                           (8, 256, 7168, 8, 128, 64), (4, 384, 4096, 6, 1, 128),
                                           (3, 6, 128, 3, 5, 7)])
 def test_layout_regions(R, E, H, K, T, bm):
     L = _layout(R, R - 1, E, H, K, T, bm)
     Lx, S = E // R, H // 128
     assert (L.num_ranks, L.rank, L.num_local_experts, L.scale_cols) == (R, R - 1, Lx, S)
+    # combine chunks: a power of two >= 16 tokens, C chunks cover T, shared tables (R + 5) * C <= 8192 ints
+    ch, C = L.combine_chunk, L.num_chunks
+    assert ch >= 16 and ch & (ch - 1) == 0 and C == -(-T // ch) and (R + 5) * C <= 8192
+    assert L.version == 2
     # default pool: contiguous worst case, a multiple of block_m, and room for the masked layout
     assert L.pool_rows % bm == 0
     assert L.pool_rows >= R * T * K + Lx * (bm - 1)
@@ -50,6 +55,7 @@ def test_layout_regions(R, E, H, K, T, bm):
     assert all(o % 1024 == 0 for o in offs)
     need = {"signals": 2 * R * 8, "state": 256, "meta_count": 2 * Lx * R * 4, "meta_slots": 2 * Lx * R * T * 4,
             "stage_x": 2 * T * H, "stage_s": 2 * T * S * 4, "stage_w": 2 * T * K * 4, "kmask": T * 4,
+            "cmb_hist": R * C * 4, "cmb_order": R * C * ch * K * 4, "cmb_arr": 2 * T * 4,
             "src_counts": Lx * R * 4, "exp_counts": Lx * 4, "exp_offsets": (Lx + 1) * 4,
             "arrivals": L.num_blocks * 4, "row_src": L.pool_rows * 4, "pool_x": L.pool_rows * H,
             "pool_s": L.pool_rows * S * 4, "pool_w": L.pool_rows * 4, "combine": 2 * K * T * H * 2}
@@ -59,7 +65,8 @@ def test_layout_regions(R, E, H, K, T, bm):
         assert rb[r] - need[r] < 1024 + 32, r  # only alignment padding
     assert L.total_bytes == offs[-1] + rb["combine"]
     # halves are 16-byte multiples so every half starts 16-byte aligned
-    for h in ("meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half", "stage_w_half", "combine_half"):
+    for h in ("meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half", "stage_w_half", "combine_half",
+              "cmb_arr_half"):
         assert getattr(L, h) % 16 == 0
 
 

@@ -1,5 +1,7 @@
 // Standalone combine kernel: a thin composition of symm_comm/combine.cuh.
-// One cooperative launch: peer stores -> grid barrier -> cross-rank barrier -> reduction over k.
+// One cooperative launch, no grid barrier and no cross-rank barrier on the data path:
+//   start handshake -> schedule -> pushes interleaved with per-token-counted reductions -> the last CTA
+//   out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -8,7 +10,7 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPushUnroll = 16;  // a whole BF16 row (H <= 4096) or half of one (H <= 8192) per batch
+constexpr int kPushUnroll = 14;  // H 7168: a BF16 row = 28 vectors per lane = 2 batches (16 spills: the push shares a loop with the reduce)
 constexpr int kReduceK = 8;
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -17,7 +19,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
-  __shared__ int s_flag;
   const Workers W = Workers::cta();
   const uint64_t deadline = ptx::globaltimer() + timeout_ns;
   load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
@@ -26,32 +27,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_COMBINE) + 1;
   const int parity = (int)(epoch & 1);
   const ErrSink err{state_err(local, L), host_err, L.rank, (uint32_t)epoch};
-  const PoolTables t = PoolTables::carve(smem, L);
 
-  build_pool_tables(W, L, t, at<int32_t>(local, L.off_src_counts), at<int32_t>(local, L.off_exp_offsets), false);
-  const int32_t used = t.le_start[L.num_local_experts];
-  if ((int64_t)used > out_rows) {
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-      report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
-  } else {
-    push_rows<kPushUnroll, false>(W, L, s_peers, local, t, parity, expert_out);
+  // Start handshake (replaces the barrier between push and reduce).
+  //  - CTA 0 zeroes cmb_arr[parity ^ 1]: last read by our call epoch - 1 (finished: stream order), next
+  //    bumped by the peers' call epoch + 1, which they start storing into only after acquiring our
+  //    signal >= epoch, released below after the zeroing (fence + bar.sync + st.release.sys).
+  //  - signals[combine][rank] := epoch in every peer: "this rank finished call epoch - 1".
+  //  - WAR guard: peer r reads its half `parity` (rows and counters) in call epoch - 2, so we store
+  //    into it only after acquiring r's signal >= epoch - 1; bar.sync orders every thread's stores
+  //    after that acquire.
+  if (blockIdx.x == 0) {
+    uint32_t* other = cmb_arr(local, L, parity ^ 1);
+    for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
+    ptx::fence_acq_rel_sys();
+    __syncthreads();
+    if (threadIdx.x < L.num_ranks)
+      ptx::st_release_sys_u64(signals(s_peers[threadIdx.x], L, SYMM_OP_COMBINE) + L.rank, epoch);
   }
+  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, epoch - 1, threadIdx.x, deadline, err,
+                                 SYMM_PHASE_COMBINE_RANKS);
 
-  ptx::fence_acq_rel_sys();
+  CombineSchedule sched = CombineSchedule::carve(smem, L);
+  build_combine_schedule(W, L, local, num_tokens, sched);
+  const int32_t used = __ldg(at<int32_t>(local, L.off_exp_offsets) + L.num_local_experts);  // from dispatch
+  const bool with_data = (int64_t)used <= out_rows;
+  if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
+    report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
+
+  if (__syncthreads_and(started))
+    combine_run<kPushUnroll, kReduceK>(W, L, s_peers, local, parity, sched, expert_out, with_data, topk_w, y,
+                                       deadline, err);
+  // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
   __syncthreads();
   if (threadIdx.x == 0)
-    s_flag = grid_barrier_leader(state_grid_bar(local, L, SYMM_OP_COMBINE), blockIdx.x == 0, gridDim.x, deadline, err,
-                                 SYMM_PHASE_COMBINE_GRID);
-  __syncthreads();
-  if (!s_flag) return;
-  if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) ptx::st_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_COMBINE, epoch);
-    rank_signal(s_peers, L, SYMM_OP_COMBINE, epoch, threadIdx.x);
-  }
-  const bool ok = rank_wait(local, L, SYMM_OP_COMBINE, epoch, threadIdx.x, deadline, err, SYMM_PHASE_COMBINE_RANKS);
-  if (!__syncthreads_and(ok)) return;
-
-  reduce_tokens<kReduceK>(W, L, local, parity, num_tokens, topk_w, y);
+    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch);
 }
 }  // namespace
 
@@ -67,7 +76,7 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
   if (!symm_host::aligned16(expert_out) || !symm_host::aligned16(y) || !symm_host::aligned16(topk_w) ||
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
-  const size_t smem = (size_t)symm_tables_smem_ints(&L) * 4;
+  const size_t smem = (size_t)symm_combine_smem_ints(&L) * 4;
   return symm_host::launch_coop(symm_combine_kernel, kThreads, smem, num_sms, stream, L, peers,
                                 static_cast<const uint16_t*>(expert_out), out_rows, topk_w, static_cast<uint16_t*>(y),
                                 num_tokens, host_err, (uint64_t)timeout_ns);

@@ -1,5 +1,6 @@
 // Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh.
-// One cooperative launch: stage + phase A push -> grid barrier -> cross-rank barrier -> phase B pull.
+// One cooperative launch: stage + phase A push -> one-hop cross-rank barrier (no grid barrier) ->
+// phase B pull -> last CTA out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -17,7 +18,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
-  __shared__ int s_flag;
   const Workers W = Workers::cta();
   const uint64_t deadline = ptx::globaltimer() + timeout_ns;
   load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
@@ -29,33 +29,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PoolTables t = PoolTables::carve(smem, L);
 
   // Phase A
+  clear_combine_buckets(W, L, local);
   stage_inputs<IdxT>(W, L, local, a, err);
-  push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
+  if ((int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
+  else push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
 
-  // Grid barrier, then cross-rank barrier.
-  ptx::fence_acq_rel_sys();
+  // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
+  // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
+  if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
+                               SYMM_PHASE_DISPATCH_RANKS)) {
+    // Phase B
+    build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
+    if (!check_capacity(W, L, t, a.masked != 0, err)) {
+      pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
+    } else {
+      if (blockIdx.x == 0) publish_layout(W, L, local, t);
+      pad_blocks(W, L, local, t);
+      pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity);
+    }
+  }
+  // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
   __syncthreads();
   if (threadIdx.x == 0)
-    s_flag = grid_barrier_leader(state_grid_bar(local, L, SYMM_OP_DISPATCH), blockIdx.x == 0, gridDim.x, deadline,
-                                 err, SYMM_PHASE_DISPATCH_GRID);
-  __syncthreads();
-  if (!s_flag) return;
-  if (blockIdx.x == 0) {
-    if (threadIdx.x == 0) ptx::st_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_DISPATCH, epoch);
-    rank_signal(s_peers, L, SYMM_OP_DISPATCH, epoch, threadIdx.x);
-  }
-  const bool ok = rank_wait(local, L, SYMM_OP_DISPATCH, epoch, threadIdx.x, deadline, err, SYMM_PHASE_DISPATCH_RANKS);
-  if (!__syncthreads_and(ok)) return;
-
-  // Phase B
-  build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
-  if (!check_capacity(W, L, t, a.masked != 0, err)) {
-    pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
-    return;
-  }
-  if (blockIdx.x == 0) publish_layout(W, L, local, t);
-  pad_blocks(W, L, local, t);
-  pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity);
+    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch);
 }
 
 __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, uint64_t e_c) {
@@ -67,9 +63,19 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
     for (int op = 0; op < SYMM_NUM_OPS; ++op) *state_grid_bar(local, L, op) = 0u;
     for (int w = 0; w < SYMM_ERR_WORDS; ++w) state_err(local, L)[w] = 0;
   }
+  const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
-  for (int64_t b = i; b < L.num_blocks; b += (int64_t)gridDim.x * blockDim.x)
-    arr[b] = (uint32_t)(e_d * (uint64_t)L.block_m);
+  for (int64_t b = i; b < L.num_blocks; b += nthr) arr[b] = (uint32_t)(e_d * (uint64_t)L.block_m);
+  // Signals as if every peer had completed (dispatch) / started (combine) the current epochs: run only
+  // by the collective resync / at creation, when no kernel runs on any rank.
+  for (int64_t r = i; r < L.num_ranks; r += nthr) {
+    signals(local, L, SYMM_OP_DISPATCH)[r] = e_d << 32;
+    signals(local, L, SYMM_OP_COMBINE)[r] = e_c;
+  }
+  uint32_t* ca = cmb_arr(local, L, 0);
+  for (int64_t j = i; j < 2 * L.cmb_arr_half / 4; j += nthr) ca[j] = 0u;
+  int32_t* h = cmb_hist(local, L);
+  for (int64_t j = i; j < (int64_t)L.num_ranks * L.num_chunks; j += nthr) h[j] = 0;
 }
 }  // namespace
 
@@ -100,7 +106,8 @@ extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint
   if (rc) return rc;
   if (!local_base) return SYMM_EINVAL;
   const int threads = 256;
-  int blocks = (int)((layout->num_blocks + threads - 1) / threads);
+  int64_t n = layout->num_blocks > 2 * layout->cmb_arr_half / 4 ? layout->num_blocks : 2 * layout->cmb_arr_half / 4;
+  int blocks = (int)((n + threads - 1) / threads);
   if (blocks < 1) blocks = 1;
   if (blocks > 1024) blocks = 1024;
   symm_reset_kernel<<<blocks, threads, 0, stream>>>(*layout, reinterpret_cast<uint64_t>(local_base), dispatch_epoch,

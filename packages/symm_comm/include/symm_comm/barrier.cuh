@@ -59,6 +59,54 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
   return true;
 }
 
+// ---- one-hop cross-rank barrier (dispatch): no grid barrier in front of it -------------------------
+// Every CTA of rank s adds to signals[op][s] in EVERY rank r (itself included) once per call: CTA 0
+// adds 2^32 - (n - 1), the others 1 (n = gridDim.x of s), so a completed call adds exactly 2^32 and
+// "word >= epoch << 32" holds iff all n CTAs of s arrived for this epoch (no reset, any n per call).
+// Contract: each thread fences (fence.acq_rel.sys) its own writes — peer metadata, own staging —,
+// then bar.sync, then the arrival is a red.release.sys (cumulative over the CTA through bar.sync).
+// The waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before
+// its arrival visible: the metadata s pushed here and the staging it will read from.
+// All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
+// what = the rank waited for).
+__device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
+                                                         const SymmLayout& L, int op, uint64_t epoch,
+                                                         uint64_t deadline, const ErrSink& err, int phase) {
+  ptx::fence_acq_rel_sys();
+  __syncthreads();
+  const int r = threadIdx.x;
+  if (r < L.num_ranks) {
+    const uint64_t inc = blockIdx.x == 0 ? ((uint64_t)1 << 32) - (uint64_t)(gridDim.x - 1) : (uint64_t)1;
+    ptx::red_add_release_sys_u64(signals(peers[r], L, op) + L.rank, inc);
+  }
+  bool ok = true;
+  if (r < L.num_ranks) {
+    const uint64_t* sig = signals(local_base, L, op) + r;
+    const uint64_t want = epoch << 32;
+    uint64_t v;
+    int spins = 0;
+    while ((v = ptx::ld_acquire_sys_u64(sig)) < want) {
+      if ((++spins & 15) == 0 && timed_out(deadline)) {
+        report_error(err, SYMM_ERR_TIMEOUT, phase, r, (int32_t)(v >> 32));
+        ok = false;
+        break;
+      }
+    }
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+// ---- end of a standalone kernel: the last CTA out publishes the op's completed epoch -----------------
+// Called by thread 0 of every CTA after bar.sync, on EVERY exit path (errors included), so the word's
+// low 31 bits are back to 0 after each call (same increments as grid_barrier_leader, nobody waits).
+// Only the last arrival sees the low 31 bits at 0; it stores the epoch, which the next launch on this
+// stream reads at its start (kernel boundary orders it). No CTA of this launch reads the epoch again.
+__device__ __forceinline__ void cta_end_publish_epoch(uint32_t* word, uint64_t* epoch_word, uint64_t epoch) {
+  const uint32_t inc = blockIdx.x == 0 ? (0x80000000u - (gridDim.x - 1u)) : 1u;
+  const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(word, inc);
+  if (((old + inc) & 0x7fffffffu) == 0u) ptx::st_relaxed_gpu_u64(epoch_word, epoch);
+}
+
 // Convenience for standalone kernels: full-CTA grid barrier + cross-rank barrier.
 // All threads of the CTA call it; returns the same bool in every thread.
 __device__ __forceinline__ bool cta_grid_and_rank_barrier(uint32_t* grid_bar, const uint64_t* peers,

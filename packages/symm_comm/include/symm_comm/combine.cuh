@@ -1,43 +1,100 @@
 // symm_comm/combine.cuh — EP combine as device functions. The standalone kernel (csrc/combine.cu):
-//   build_pool_tables (from the last dispatch's counts) -> push_rows (each pool row's BF16 output is
-//   STORED into its source rank's combine buffer at [k, token]) -> grid + cross-rank barrier ->
-//   reduce_tokens (y[t] = BF16(sum over k = 0..K-1 present, in FP32, optional weight multiply)).
+//   start (zero the other parity's row counters, signal "started epoch" to every peer, wait until every
+//   peer started epoch - 1) -> build_combine_schedule -> combine_run: ONE work list per rank, walked
+//   round-robin by all warps, in which pushes and reductions are interleaved chunk by chunk:
+//     push item   = one pool row, STORED (BF16) into its source's combine[parity][k][token], then the
+//                   source's cmb_arr[parity][token] is bumped (red.release.sys);
+//     reduce item = (token, 512-byte column chunk) of this rank: waits (ld.acquire.sys) until
+//                   cmb_arr[parity][token] == popcount(kmask[token]), then y = BF16(sum over k in order).
+//   List order: P_0, R_{-lag}, P_1, R_{1-lag}, ... where P_c = the rows of destination-token chunk c
+//   (buckets written by dispatch, all destinations) and R_c = the reduce items of this rank's token
+//   chunk c. Senders push destination chunks in ascending order, so a receiver's early chunks are
+//   complete while later ones are still in flight: the reduction overlaps the transfer.
+//   Deadlock-free: P_c is preceded in every list only by pushes and by reductions of chunks < c, and
+//   R_c waits only for P_c of every rank; by induction over c every item completes (all warps resident:
+//   cooperative launch). Results do not depend on the order (the sum is over k in slot order).
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include "symm_comm/barrier.cuh"
 #include "symm_comm/copy.cuh"
+#include "symm_comm/errors.cuh"
 #include "symm_comm/layout.cuh"
 #include "symm_comm/pool.cuh"
 #include "symm_comm/ptx.cuh"
 #include "symm_comm/workers.cuh"
 
+// Shared-memory ints of the combine schedule (host and device): hist [R * C], push sizes [C],
+// segment starts [4 * C + 1] (2 * (C + lag) segments, lag <= C), scratch [64].
+SYMM_LAYOUT_HD int64_t symm_combine_smem_ints(const SymmLayout* L) {
+  const int64_t C = L->num_chunks, R = L->num_ranks;
+  return R * C + C + (4 * C + 1) + 64;
+}
+
 #if defined(__CUDACC__)
 namespace symm {
 
-// Push one pool row's output (BF16 [H], at `src_row`) to (s, token, k) of its source's combine buffer.
-template <int UNROLL, bool kCoherentSrc>
-__device__ __forceinline__ void push_row(const SymmLayout& L, const uint64_t* peers, int parity, int32_t row_src_code,
-                                         const uint16_t* src_row, int lane) {
-  const int K = L.topk, T = L.max_tokens;
-  const int32_t k = row_src_code % K;
-  const int32_t st = row_src_code / K;
-  const int32_t tok = st % T, s = st / T;
-  if (s >= L.num_ranks) return;
-  uint16_t* dst = combine_row(peers[s], L, parity, k, tok);
-  warp_copy_v4<UNROLL, kCoherentSrc>(reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src_row),
-                                     L.hidden * 2 / 16, lane);
-}
+struct CombineSchedule {
+  int32_t* hist;     // [R * C]: rows of bucket (destination s, chunk c)
+  int32_t* psz;      // [C]: rows of chunk c over all destinations
+  int32_t* seg;      // [nseg + 1]: first list index of segment j (2x: P_x, 2x + 1: R_{x - lag})
+  int32_t* scratch;  // [64]
+  int32_t nseg, lag, ncol, num_tokens;
 
-// All rows of the last dispatch, source-interleaved like the pull. expert_out: BF16 [out_rows, H].
-template <int UNROLL, bool kCoherentSrc>
-__device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
-                                          const PoolTables& t, int parity, const uint16_t* expert_out) {
-  const int32_t* row_src = at<int32_t>(local, L.off_row_src);
-  for_each_pool_row_interleaved(W, L, t, [&](int, int32_t row, int, int32_t) {
-    const int32_t code = __ldg(row_src + row);
-    if (code >= 0)
-      push_row<UNROLL, kCoherentSrc>(L, peers, parity, code, expert_out + (int64_t)row * L.hidden, W.lane);
-  });
+  __device__ __forceinline__ static CombineSchedule carve(int32_t* smem, const SymmLayout& L) {
+    CombineSchedule s;
+    s.hist = smem;
+    s.psz = s.hist + L.num_ranks * L.num_chunks;
+    s.seg = s.psz + L.num_chunks;
+    s.scratch = s.seg + 4 * L.num_chunks + 1;
+    s.nseg = s.lag = s.ncol = s.num_tokens = 0;
+    return s;
+  }
+  __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
+};
+
+// Builds the list (all threads of the group; every group builds the same one). The buckets were
+// written by the last dispatch (an earlier launch on this stream, local memory).
+__device__ __forceinline__ void build_combine_schedule(const Workers& W, const SymmLayout& L, uint64_t local,
+                                                       int num_tokens, CombineSchedule& s) {
+  const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
+  const int32_t* hg = cmb_hist(local, L);
+  const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
+  for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(__ldg(hg + i), 0), cap);
+  if (W.tid() == 0) s.scratch[40] = 0;
+  W.sync();
+  for (int c = W.tid(); c < C; c += W.nthreads()) {
+    int32_t p = 0;
+    for (int r = 0; r < R; ++r) p += s.hist[r * C + c];
+    s.psz[c] = p;
+    if (p) atomicAdd(s.scratch + 40, p);
+  }
+  W.sync();
+  const int64_t total_push = s.scratch[40];
+  const int ncol = (L.hidden * 2 / 16 + 31) / 32;
+  const int cred = (num_tokens + chunk - 1) / chunk;
+  const int64_t per_chunk = cred ? (total_push + (int64_t)num_tokens * ncol + cred - 1) / cred : 1;
+  // lag: reductions of chunk c are listed ~2 x (warps in the grid) items after chunk c's pushes, so a
+  // warp reaching one finds its rows (pushed by all ranks at the same pace) already there.
+  int64_t lag = (2 * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
+  if (lag > C) lag = C;
+  s.lag = (int32_t)lag;
+  s.ncol = ncol;
+  s.num_tokens = num_tokens;
+  s.nseg = 2 * (C + s.lag);
+  const int32_t* psz = s.psz;
+  const int lg = s.lag;
+  group_exclusive_scan(
+      W, s.nseg,
+      [&](int j) -> int32_t {
+        const int x = j >> 1;
+        if (!(j & 1)) return x < C ? psz[x] : 0;
+        const int c = x - lg;
+        if (c < 0 || c >= cred) return 0;
+        const int nt = num_tokens - c * chunk;
+        return (nt < chunk ? nt : chunk) * ncol;
+      },
+      s.seg, s.scratch);
 }
 
 __device__ __forceinline__ void bf16x8_accumulate(float* acc, const int4& v, float w) {
@@ -60,43 +117,114 @@ __device__ __forceinline__ int4 f32x8_to_bf16x8(const float* acc) {
   return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
 }
 
-// y[t, :] = BF16( sum_{k = 0..K-1, bit k of kmask[t]} w[t, k] * combine[parity][k][t, :] ), FP32,
-// k in order. topk_w: FP32 [T, K] or null (w = 1). Work item = (token, 512-byte column chunk), one
-// 16-byte vector per lane, KB loads in flight per lane: a token's row is spread over many warps, so
-// small token counts still use the whole grid (one warp per token was ~28 dependent round trips).
+// Push item: pool row `row` (BF16 [H] of expert_out) -> its source's combine[parity][k][token].
+// Contract: every lane fences its row stores (fence.acq_rel.sys), the warp syncs, then lane 0's
+// red.release.sys adds 1 to the destination's cmb_arr[parity][token]; a reader whose ld.acquire.sys
+// sees the count sees the row. with_data = false (expert_out too small, error reported): only the
+// counter is bumped, so the peers' reductions do not hang (they read stale rows, as before).
+template <int UNROLL>
+__device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uint64_t* peers, uint64_t local,
+                                                  int parity, int32_t row, const uint16_t* expert_out,
+                                                  bool with_data, int lane) {
+  const int K = L.topk, T = L.max_tokens;
+  const int32_t code = __ldg(at<int32_t>(local, L.off_row_src) + row);  // written by dispatch (earlier launch)
+  if (code < 0) return;  // never for a bucketed row; defensive
+  const int32_t k = code % K, st = code / K;
+  const int32_t tok = st % T, s = st / T;
+  if (s >= L.num_ranks) return;
+  if (with_data)
+    warp_copy_v4<UNROLL, false>(reinterpret_cast<int4*>(combine_row(peers[s], L, parity, k, tok)),
+                                reinterpret_cast<const int4*>(expert_out + (int64_t)row * L.hidden),
+                                L.hidden * 2 / 16, lane);
+  ptx::fence_acq_rel_sys();
+  __syncwarp();
+  if (lane == 0) ptx::red_add_release_sys_u32(cmb_arr(peers[s], L, parity) + tok, 1u);
+}
+
+// Reduce item: y[t, 16-byte column c16 of each lane] = BF16( sum_{k in kmask[t], in order} w[t,k] * row_k ).
+// Waits (warp-uniform, time limit) until all popcount(kmask[t]) rows of token t arrived. Returns false
+// on timeout (error reported: phase COMBINE_ARRIVE, what = t, detail = rows seen).
 template <int KB>
-__device__ __forceinline__ void reduce_tokens(const Workers& W, const SymmLayout& L, uint64_t local, int parity,
-                                              int num_tokens, const float* topk_w, uint16_t* y) {
+__device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_t local, int parity, int t, int col,
+                                                    const float* topk_w, uint16_t* y, int lane, uint64_t deadline,
+                                                    const ErrSink& err) {
   const int K = L.topk;
   const int n16 = L.hidden * 2 / 16;
-  const int nchunks = (n16 + 31) / 32;
-  const uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
-  for (int64_t item = W.gwarp(); item < (int64_t)num_tokens * nchunks; item += W.total_warps()) {
-    const int64_t t = item / nchunks;
-    const int c = (int)(item - t * nchunks) * 32 + W.lane;
-    if (c >= n16) continue;
-    const uint32_t mask = __ldg(kmask + t);
-    float acc[8];
+  const uint32_t mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);  // written by dispatch (earlier launch)
+  // lane k holds w[t, k] (K <= 32): one coalesced load, broadcast by shuffles in the sum
+  const float wl = (topk_w && lane < K) ? __ldg(topk_w + (int64_t)t * K + lane) : 1.f;
+  const uint32_t need = (uint32_t)__popc(mask);
+  const uint32_t* ctr = cmb_arr(local, L, parity) + t;
+  uint32_t got;
+  int spins = 0;
+  // Every lane acquires the counter itself, so its own row loads below are ordered after it.
+  while (!__all_sync(0xffffffffu, (got = ptx::ld_acquire_sys_u32(ctr)) >= need)) {
+    bool late = false;
+    ++spins;  // warp-uniform
+    if (lane == 0 && (spins & 15) == 0) late = timed_out(deadline);
+    if (spins > 2) ptx::nanosleep(64);  // leave issue slots to the pushing warps of this SM
+    if (__shfl_sync(0xffffffffu, late, 0)) {
+      if (lane == 0) report_error(err, SYMM_ERR_TIMEOUT, SYMM_PHASE_COMBINE_ARRIVE, t, (int32_t)got);
+      return false;
+    }
+  }
+  const int c = col * 32 + lane;
+  const bool active = c < n16;  // mask and k loop are warp-uniform; only the tail lanes idle
+  float acc[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += KB) {
-      int4 v[KB];
-      float w[KB];  // loaded with the rows, not one dependent load per k in the sum
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += KB) {
+    int4 v[KB];
 #pragma unroll
-      for (int u = 0; u < KB; ++u) {
-        const int k = k0 + u;
-        if (k < K && ((mask >> k) & 1u)) {
-          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(combine_row(local, L, parity, k, (int)t)) + c);
-          w[u] = topk_w ? __ldg(topk_w + t * K + k) : 1.f;
-        }
-      }
+    for (int u = 0; u < KB; ++u) {
+      const int k = k0 + u;
+      // peer-written: coherent (ld.relaxed.sys), after this lane's acquire of the counter
+      if (active && k < K && ((mask >> k) & 1u))
+        v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(combine_row(local, L, parity, k, t)) + c);
+    }
 #pragma unroll
-      for (int u = 0; u < KB; ++u) {
-        const int k = k0 + u;
-        if (k < K && ((mask >> k) & 1u)) bf16x8_accumulate(acc, v[u], w[u]);
+    for (int u = 0; u < KB; ++u) {
+      const int k = k0 + u;
+      if (k < K && ((mask >> k) & 1u)) {
+        const float w = __shfl_sync(0xffffffffu, wl, k);
+        if (active) bf16x8_accumulate(acc, v[u], w);
       }
     }
-    ptx::st_v4(reinterpret_cast<int4*>(y + t * L.hidden) + c, f32x8_to_bf16x8(acc));
+  }
+  if (active) ptx::st_v4(reinterpret_cast<int4*>(y + (int64_t)t * L.hidden) + c, f32x8_to_bf16x8(acc));
+  return true;
+}
+
+// Walks the list: item q -> warp q % total_warps. Push buckets of a chunk go destinations
+// rank+1, rank+2, ..., rank (remote links first, the local copy last).
+template <int UNROLL, int KB>
+__device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                            uint64_t local, int parity, const CombineSchedule& s,
+                                            const uint16_t* expert_out, bool with_data, const float* topk_w,
+                                            uint16_t* y, uint64_t deadline, const ErrSink& err) {
+  const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
+  const int32_t total = s.total();
+  for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
+    const int j = find_segment(s.seg, s.nseg, (int32_t)q);
+    int32_t o = (int32_t)q - s.seg[j];
+    const int x = j >> 1;
+    if (!(j & 1)) {
+      int dst = L.rank;
+      for (int i = 1; i <= R; ++i) {
+        const int d = (L.rank + i) % R;
+        const int32_t n = s.hist[d * C + x];
+        if (o < n) {
+          dst = d;
+          break;
+        }
+        o -= n;
+      }
+      const int32_t row = __ldg(cmb_bucket(local, L, dst, x) + o);  // written by dispatch (earlier launch)
+      combine_push_item<UNROLL>(L, peers, local, parity, row, expert_out, with_data, W.lane);
+    } else {
+      const int t = (x - s.lag) * chunk + o / s.ncol;
+      if (!combine_reduce_item<KB>(L, local, parity, t, o % s.ncol, topk_w, y, W.lane, deadline, err)) return;
+    }
   }
 }
 

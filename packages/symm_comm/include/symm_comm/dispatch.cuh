@@ -145,6 +145,48 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
   }
 }
 
+// Phase A metadata push for small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert
+// scans all N ids in one pass (the running ballot count is the slot, no second pass, no group
+// barrier, no cross-warp scan): same slots (row-major order), same counts, same errors as
+// push_metadata. Warps: all warps of the grid (W.gwarp()).
+constexpr int64_t kMetaWarpMaxIds = 2048;
+template <typename IdxT>
+__device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                   const DispatchArgs& a, const ErrSink& err) {
+  constexpr int U = 16;
+  const int64_t N = (int64_t)a.num_tokens * L.topk;
+  const int Lx = L.num_local_experts;
+  const uint32_t lt = (1u << W.lane) - 1u;
+  for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
+    const int e = (int)ew, owner = e / Lx, le = e % Lx;
+    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t run = 0;
+    for (int64_t base = 0; base < N; base += 32 * U) {
+      bool m[U];
+      match_ids<U, IdxT>(a.topk_idx, base, N, e, W.lane, m);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+        const int32_t slot = run + __popc(b & lt);
+        if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
+        run += __popc(b);
+      }
+    }
+    if (W.lane == 0) {
+      meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = run < L.max_tokens ? run : L.max_tokens;
+      if (run > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, run);
+    }
+  }
+}
+
+// Phase A: clears this dispatch's combine buckets (cmb_hist). Local; ordered before any CTA's pull
+// (which counts into them) by the cross-rank barrier, whose arrivals include this rank's own CTAs.
+__device__ __forceinline__ void clear_combine_buckets(const Workers& W, const SymmLayout& L, uint64_t local) {
+  int32_t* h = cmb_hist(local, L);
+  const int64_t n = (int64_t)L.num_ranks * L.num_chunks;
+  for (int64_t i = W.gthread(); i < n; i += W.total_threads()) h[i] = 0;
+}
+
 // Checks the pool capacity; returns false (and reports, group 0 only) if the rows do not fit.
 __device__ __forceinline__ bool check_capacity(const Workers& W, const SymmLayout& L, const PoolTables& t,
                                                bool masked, const ErrSink& err) {
@@ -232,6 +274,10 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     const int32_t flat = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
     if (flat < 0 || flat >= T * K) return;  // defensive: never index outside the staging
     const int32_t tok = flat / K, k = flat - tok * K;
+    // Combine push order: this row joins bucket (s, tok / chunk). Local relaxed atomics; the combine
+    // kernel (a later launch on this stream) reads the buckets. Issued first: off the row's path.
+    int32_t bslot = 0;
+    if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, 1);
     const uint64_t src = peers[s];
     const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
     int32_t* s_dst = reinterpret_cast<int32_t*>(ps + row * S);
@@ -257,6 +303,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (W.lane == 0) {
       pw[row] = wv;
       row_src[row] = (s * T + tok) * K + k;
+      if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = row;
     }
     __syncwarp();
     if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);

@@ -21,10 +21,12 @@
 #define SYMM_PHASE_DISPATCH_LAYOUT 4   // phase B: pool layout
 #define SYMM_PHASE_COMBINE_PUSH 5      // combine: peer stores
 #define SYMM_PHASE_COMBINE_GRID 6      // grid barrier after the peer stores
-#define SYMM_PHASE_COMBINE_RANKS 7     // cross-rank barrier before the reduction
+#define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
+#define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
-//   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits).
+//   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits);
+//            phase COMBINE_ARRIVE: what = token, detail = rows arrived (of popcount(kmask[token])).
 //   BAD_EXPERT: what = token * K + k, detail = the id. POOL_OVERFLOW: what = rows needed, detail = P.
 #define SYMM_ERR_WORDS 8
 

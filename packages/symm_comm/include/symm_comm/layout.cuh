@@ -4,14 +4,20 @@
 // decided; the C ABI exports it (symm_layout_init) and Python mirrors the struct with ctypes.
 //
 // Regions, in order (each aligned to SYMM_REGION_ALIGN bytes):
-//   signals      u64 [SYMM_NUM_OPS][R]          written by PEERS (st.release.sys of an epoch)
-//   state        SYMM_STATE_BYTES               local: epochs, grid-barrier words, error word
+//   signals      u64 [SYMM_NUM_OPS][R]          written by PEERS: [dispatch][s] += 2^32 per call of s (one
+//                                               red.release.sys per CTA of s, see barrier.cuh);
+//                                               [combine][s] = epoch s started (st.release.sys)
+//   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, error word
 //   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
 //   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS
 //   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
 //   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
 //   stage_w      f32 [2][T][K]                  top-k weights
 //   kmask        u32 [T]                        local: bit k of token t = topk_idx[t, k] valid
+//   cmb_hist     i32 [R][C]                     local: pool rows of (source s, token chunk c) of the last
+//                                               dispatch (C = num_chunks, chunk = combine_chunk tokens)
+//   cmb_order    i32 [R][C][chunk * K]          local: those pool rows (bucket (s, c) holds <= chunk * K)
+//   cmb_arr      u32 [2][T]                     written by PEERS in combine: rows stored for token t (parity)
 //   src_counts   i32 [L][R]                     local: rows of (local expert, source) of the last dispatch
 //   exp_counts   i32 [L]                        local: valid rows per local expert
 //   exp_offsets  i32 [L + 1]                    local: segment start per local expert, [L] = rows used
@@ -27,7 +33,7 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 1
+#define SYMM_LAYOUT_VERSION 2
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
@@ -37,7 +43,7 @@
 
 // State words (byte offsets inside the state region).
 #define SYMM_STATE_EPOCH 0        // u64 [SYMM_NUM_OPS]: last completed epoch per op
-#define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: grid-barrier words (flip bit 31)
+#define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: end-of-kernel arrival words (flip bit 31)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
 
 #ifdef __cplusplus
@@ -55,6 +61,9 @@ typedef struct SymmLayout {
   int64_t off_stage_s;
   int64_t off_stage_w;
   int64_t off_kmask;
+  int64_t off_cmb_hist;
+  int64_t off_cmb_order;
+  int64_t off_cmb_arr;
   int64_t off_src_counts;
   int64_t off_exp_counts;
   int64_t off_exp_offsets;
@@ -70,6 +79,7 @@ typedef struct SymmLayout {
   int64_t stage_s_half;
   int64_t stage_w_half;
   int64_t combine_half;
+  int64_t cmb_arr_half;
   int32_t num_ranks;
   int32_t rank;
   int32_t num_experts;
@@ -81,6 +91,8 @@ typedef struct SymmLayout {
   int32_t max_m;       // rows per expert in the masked layout (L * max_m <= P)
   int32_t scale_cols;  // H / 128
   int32_t num_blocks;  // P / block_m (arrival counters)
+  int32_t combine_chunk;  // tokens per combine chunk (push order buckets), a power of two >= 16
+  int32_t num_chunks;     // C = ceil(T / combine_chunk)
   int32_t version;
 } SymmLayout;
 
@@ -135,6 +147,12 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->stage_s_half = symm_align_up(T * S * 4, 16);
   L->stage_w_half = symm_align_up(T * K * 4, 16);
   L->combine_half = symm_align_up(K * T * H * 2, 16);
+  L->cmb_arr_half = symm_align_up(T * 4, 16);
+  // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables ((R + 5) * C ints) fit 32 KiB.
+  int64_t chunk = 16;
+  while ((R + 5) * ((T + chunk - 1) / chunk) > 8192) chunk *= 2;
+  L->combine_chunk = (int32_t)chunk;
+  L->num_chunks = (int32_t)((T + chunk - 1) / chunk);
 
   int64_t off = 0;
 #define SYMM_REGION(field, bytes)            \
@@ -148,6 +166,9 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
   SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
   SYMM_REGION(off_kmask, T * 4)
+  SYMM_REGION(off_cmb_hist, R * L->num_chunks * 4)
+  SYMM_REGION(off_cmb_order, R * L->num_chunks * chunk * K * 4)
+  SYMM_REGION(off_cmb_arr, 2 * L->cmb_arr_half)
   SYMM_REGION(off_src_counts, Lx * R * 4)
   SYMM_REGION(off_exp_counts, Lx * 4)
   SYMM_REGION(off_exp_offsets, (Lx + 1) * 4)
@@ -205,6 +226,18 @@ __host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const S
                                                           int token) {
   return at<uint16_t>(base, L.off_combine + parity * L.combine_half) +
          ((int64_t)k * L.max_tokens + token) * L.hidden;
+}
+// cmb_hist[s][c]
+__host__ __device__ __forceinline__ int32_t* cmb_hist(uint64_t base, const SymmLayout& L) {
+  return at<int32_t>(base, L.off_cmb_hist);
+}
+// cmb_order[s][c][i], i < combine_chunk * K
+__host__ __device__ __forceinline__ int32_t* cmb_bucket(uint64_t base, const SymmLayout& L, int s, int c) {
+  return at<int32_t>(base, L.off_cmb_order) + ((int64_t)s * L.num_chunks + c) * L.combine_chunk * L.topk;
+}
+// cmb_arr[parity][token]
+__host__ __device__ __forceinline__ uint32_t* cmb_arr(uint64_t base, const SymmLayout& L, int parity) {
+  return at<uint32_t>(base, L.off_cmb_arr + parity * L.cmb_arr_half);
 }
 }  // namespace symm
 #endif

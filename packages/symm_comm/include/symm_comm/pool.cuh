@@ -63,6 +63,46 @@ __device__ __forceinline__ void warp_exclusive_scan(int n, F value, int32_t* out
   if (lane == 0) out[n] = carry;
 }
 
+// Exclusive scan of value(i), i < n, by ALL threads of the group (each scans a contiguous run, then
+// warp + cross-warp scans); out[n] = total. scratch: >= 33 ints of group-private shared memory.
+// value() must read only memory that is stable across the call (it is evaluated twice).
+template <typename F>
+__device__ __forceinline__ void group_exclusive_scan(const Workers& W, int n, F value, int32_t* out,
+                                                     int32_t* scratch) {
+  const int nt = W.nthreads(), tid = W.tid();
+  const int per = (n + nt - 1) / nt;
+  const int beg = min(n, tid * per), end = min(n, beg + per);
+  int32_t sum = 0;
+  for (int i = beg; i < end; ++i) sum += value(i);
+  int32_t incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (W.lane >= o) incl += y;
+  }
+  if (W.lane == 31) scratch[W.warp] = incl;
+  W.sync();
+  if (W.warp == 0) {
+    const int32_t v = W.lane < W.nwarps ? scratch[W.lane] : 0;
+    int32_t inc2 = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, inc2, o);
+      if (W.lane >= o) inc2 += y;
+    }
+    if (W.lane < W.nwarps) scratch[W.lane] = inc2 - v;
+    if (W.lane == 31) scratch[32] = inc2;
+  }
+  W.sync();
+  int32_t run = scratch[W.warp] + incl - sum;
+  for (int i = beg; i < end; ++i) {
+    out[i] = run;
+    run += value(i);
+  }
+  if (tid == 0) out[n] = scratch[32];
+  W.sync();
+}
+
 // Largest le in [0, n) with arr[le] <= j (arr non-decreasing, arr[0] <= j < arr[n]).
 __device__ __forceinline__ int find_segment(const int32_t* arr, int n, int32_t j) {
   int lo = 0, hi = n;

@@ -21,12 +21,17 @@ CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
          5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows"}
 PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch grid barrier", 3: "dispatch cross-rank barrier",
           4: "dispatch phase B (pool layout)", 5: "combine peer stores", 6: "combine grid barrier",
-          7: "combine cross-rank barrier"}
+          7: "combine start (peers finishing their previous combine)",
+          8: "combine reduce (row arrivals)"}
 
 
 def describe(words) -> str:
     code, rank, phase, what, detail, epoch = (int(w) for w in words[:6])
     ph = PHASES.get(phase, f"phase {phase}")
+    if code == 1 and phase == 8:
+        return (f"rank {rank}: timed out in {ph} (epoch {epoch}) waiting for the expert rows of token {what} "
+                f"(from any rank); {detail} had arrived. Every rank must make the same sequence of "
+                "dispatch/combine calls; after a timeout call buf.resync() on all ranks")
     if code == 1:
         who = "the other CTAs of this rank (grid barrier)" if what < 0 else f"rank {what}"
         return (f"rank {rank}: timed out in {ph} (epoch {epoch}) waiting for {who}; last value seen {detail}. "

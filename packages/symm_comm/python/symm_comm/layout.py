@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ctypes
 
-from ._lib import LIB, SymmLayout, check_abi
+from ._lib import LAYOUT_VERSION, LIB, SymmLayout, check_abi
 
-REGIONS = ("signals", "state", "meta_count", "meta_slots", "stage_x", "stage_s", "stage_w", "kmask",
-           "src_counts", "exp_counts", "exp_offsets", "arrivals", "row_src", "pool_x", "pool_s", "pool_w",
+REGIONS = ("signals", "state", "meta_count", "meta_slots", "stage_x", "stage_s", "stage_w", "kmask", "cmb_hist",
+           "cmb_order", "cmb_arr", "src_counts", "exp_counts", "exp_offsets", "arrivals", "row_src", "pool_x", "pool_s", "pool_w",
            "combine")
 
 
@@ -17,6 +17,9 @@ def compute_layout(num_ranks: int, rank: int, num_experts: int, hidden: int, top
     L = SymmLayout()
     LIB.call("symm_layout_init", ctypes.byref(L), num_ranks, rank, num_experts, hidden, topk, max_tokens,
              block_m, pool_rows, max_m)
+    if L.version != LAYOUT_VERSION:
+        raise RuntimeError(f"symm_comm: layout version {L.version} from the library, the Python mirror is "
+                           f"version {LAYOUT_VERSION} — rebuild libsymm_comm.so")
     return L
 
 
