@@ -4,18 +4,24 @@
 //   out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "launch.h"
 #include "symm_api.h"
 #include "symm_comm/symm_comm.cuh"
 
 namespace {
+int env_int(const char* name, int dflt) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPushUnroll = 14;  // H 7168: a BF16 row = 28 vectors per lane = 2 batches (16 spills: the push shares a loop with the reduce)
+constexpr int kPushUnroll = 13;  // H 7168: 28 vectors per lane = 13 + 13 + 2 (14 spills with the run-time schedule knobs)
 constexpr int kReduceK = 8;
 
 __global__ void __launch_bounds__(kThreads, 1)
     symm_combine_kernel(SymmLayout L, const uint64_t* peers_g, const uint16_t* expert_out, int64_t out_rows,
-                        const float* topk_w, uint16_t* y, int num_tokens, int32_t* host_err, uint64_t timeout_ns) {
+                        const float* topk_w, uint16_t* y, int num_tokens, int32_t* host_err, uint64_t timeout_ns,
+                        int lag_mult, int spin_ns) {
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -27,6 +33,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_COMBINE) + 1;
   const int parity = (int)(epoch & 1);
   const ErrSink err{state_err(local, L), host_err, L.rank, (uint32_t)epoch};
+  const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 6..8: CTA 0's view; 9: last CTA out
+  if (st0) stamp(local, L, 6);
 
   // Start handshake (replaces the barrier between push and reduce).
   //  - CTA 0 zeroes cmb_arr[parity ^ 1]: last read by our call epoch - 1 (finished: stream order), next
@@ -48,19 +56,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                                  SYMM_PHASE_COMBINE_RANKS);
 
   CombineSchedule sched = CombineSchedule::carve(smem, L);
-  build_combine_schedule(W, L, local, num_tokens, sched);
+  build_combine_schedule(W, L, local, num_tokens, lag_mult, sched);
   const int32_t used = __ldg(at<int32_t>(local, L.off_exp_offsets) + L.num_local_experts);  // from dispatch
   const bool with_data = (int64_t)used <= out_rows;
   if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
     report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
-  if (__syncthreads_and(started))
+  const bool go = __syncthreads_and(started);
+  if (st0) stamp(local, L, 7);
+  if (go)
     combine_run<kPushUnroll, kReduceK>(W, L, s_peers, local, parity, sched, expert_out, with_data, topk_w, y,
-                                       deadline, err);
+                                       (uint32_t)spin_ns, deadline, err);
+  if (st0) stamp(local, L, 8);
   // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
   __syncthreads();
-  if (threadIdx.x == 0)
-    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch);
+  if (threadIdx.x == 0 &&
+      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
+    stamp(local, L, 9);
 }
 }  // namespace
 
@@ -77,7 +89,11 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
   const size_t smem = (size_t)symm_combine_smem_ints(&L) * 4;
+  // Schedule knobs (no effect on results or on the protocol): reductions listed lag_mult x (warps in
+  // the grid) list items after their chunk's pushes (< 0: after all pushes); counter-wait backoff cap.
+  static const int lag_mult = env_int("SYMM_COMBINE_LAG", 2);
+  static const int spin_ns = env_int("SYMM_SPIN_NS", 64);
   return symm_host::launch_coop(symm_combine_kernel, kThreads, smem, num_sms, stream, L, peers,
                                 static_cast<const uint16_t*>(expert_out), out_rows, topk_w, static_cast<uint16_t*>(y),
-                                num_tokens, host_err, (uint64_t)timeout_ns);
+                                num_tokens, host_err, (uint64_t)timeout_ns, lag_mult, spin_ns);
 }

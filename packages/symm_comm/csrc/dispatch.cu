@@ -28,6 +28,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ErrSink err{state_err(local, L), host_err, L.rank, (uint32_t)epoch};
   const PoolTables t = PoolTables::carve(smem, L);
 
+  const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
+  if (st0) stamp(local, L, 0);
   // Phase A
   clear_combine_buckets(W, L, local);
   stage_inputs<IdxT>(W, L, local, a, err);
@@ -36,8 +38,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
   // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
+  if (st0) stamp(local, L, 1);
   if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
                                SYMM_PHASE_DISPATCH_RANKS)) {
+    if (st0) stamp(local, L, 2);
     // Phase B
     build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
     if (!check_capacity(W, L, t, a.masked != 0, err)) {
@@ -45,13 +49,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       if (blockIdx.x == 0) publish_layout(W, L, local, t);
       pad_blocks(W, L, local, t);
+      if (st0) stamp(local, L, 3);
       pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity);
     }
   }
   // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
+  if (st0) stamp(local, L, 4);
   __syncthreads();
-  if (threadIdx.x == 0)
-    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch);
+  if (threadIdx.x == 0 &&
+      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch))
+    stamp(local, L, 5);
 }
 
 __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, uint64_t e_c) {

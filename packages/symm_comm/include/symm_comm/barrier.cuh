@@ -101,10 +101,18 @@ __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, 
 // low 31 bits are back to 0 after each call (same increments as grid_barrier_leader, nobody waits).
 // Only the last arrival sees the low 31 bits at 0; it stores the epoch, which the next launch on this
 // stream reads at its start (kernel boundary orders it). No CTA of this launch reads the epoch again.
-__device__ __forceinline__ void cta_end_publish_epoch(uint32_t* word, uint64_t* epoch_word, uint64_t epoch) {
+// Returns true in the last CTA out.
+__device__ __forceinline__ bool cta_end_publish_epoch(uint32_t* word, uint64_t* epoch_word, uint64_t epoch) {
   const uint32_t inc = blockIdx.x == 0 ? (0x80000000u - (gridDim.x - 1u)) : 1u;
   const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(word, inc);
-  if (((old + inc) & 0x7fffffffu) == 0u) ptx::st_relaxed_gpu_u64(epoch_word, epoch);
+  if (((old + inc) & 0x7fffffffu) != 0u) return false;
+  ptx::st_relaxed_gpu_u64(epoch_word, epoch);
+  return true;
+}
+
+// Diagnostics: %globaltimer into state stamp i (one thread; plain local store, read by the host).
+__device__ __forceinline__ void stamp(uint64_t local, const SymmLayout& L, int i) {
+  state_stamps(local, L)[i] = ptx::globaltimer();
 }
 
 // Convenience for standalone kernels: full-CTA grid barrier + cross-rank barrier.

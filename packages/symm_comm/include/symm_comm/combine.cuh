@@ -56,7 +56,7 @@ struct CombineSchedule {
 // Builds the list (all threads of the group; every group builds the same one). The buckets were
 // written by the last dispatch (an earlier launch on this stream, local memory).
 __device__ __forceinline__ void build_combine_schedule(const Workers& W, const SymmLayout& L, uint64_t local,
-                                                       int num_tokens, CombineSchedule& s) {
+                                                       int num_tokens, int lag_mult, CombineSchedule& s) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t* hg = cmb_hist(local, L);
   const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
@@ -76,7 +76,7 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   const int64_t per_chunk = cred ? (total_push + (int64_t)num_tokens * ncol + cred - 1) / cred : 1;
   // lag: reductions of chunk c are listed ~2 x (warps in the grid) items after chunk c's pushes, so a
   // warp reaching one finds its rows (pushed by all ranks at the same pace) already there.
-  int64_t lag = (2 * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
+  int64_t lag = lag_mult < 0 ? C : (lag_mult * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
   if (lag > C) lag = C;
   s.lag = (int32_t)lag;
   s.ncol = ncol;
@@ -146,8 +146,8 @@ __device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uin
 // on timeout (error reported: phase COMBINE_ARRIVE, what = t, detail = rows seen).
 template <int KB>
 __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_t local, int parity, int t, int col,
-                                                    const float* topk_w, uint16_t* y, int lane, uint64_t deadline,
-                                                    const ErrSink& err) {
+                                                    const float* topk_w, uint16_t* y, int lane, uint32_t spin_ns,
+                                                    uint64_t deadline, const ErrSink& err) {
   const int K = L.topk;
   const int n16 = L.hidden * 2 / 16;
   const uint32_t mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);  // written by dispatch (earlier launch)
@@ -162,7 +162,8 @@ __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_
     bool late = false;
     ++spins;  // warp-uniform
     if (lane == 0 && (spins & 15) == 0) late = timed_out(deadline);
-    if (spins > 2) ptx::nanosleep(64);  // leave issue slots to the pushing warps of this SM
+    // back off: leave issue slots and L2 bandwidth to the pushes
+    if (spins > 2) ptx::nanosleep(spin_ns);
     if (__shfl_sync(0xffffffffu, late, 0)) {
       if (lane == 0) report_error(err, SYMM_ERR_TIMEOUT, SYMM_PHASE_COMBINE_ARRIVE, t, (int32_t)got);
       return false;
@@ -201,7 +202,7 @@ template <int UNROLL, int KB>
 __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                             uint64_t local, int parity, const CombineSchedule& s,
                                             const uint16_t* expert_out, bool with_data, const float* topk_w,
-                                            uint16_t* y, uint64_t deadline, const ErrSink& err) {
+                                            uint16_t* y, uint32_t spin_ns, uint64_t deadline, const ErrSink& err) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t total = s.total();
   for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
@@ -223,7 +224,8 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
       combine_push_item<UNROLL>(L, peers, local, parity, row, expert_out, with_data, W.lane);
     } else {
       const int t = (x - s.lag) * chunk + o / s.ncol;
-      if (!combine_reduce_item<KB>(L, local, parity, t, o % s.ncol, topk_w, y, W.lane, deadline, err)) return;
+      if (!combine_reduce_item<KB>(L, local, parity, t, o % s.ncol, topk_w, y, W.lane, spin_ns, deadline, err))
+        return;
     }
   }
 }

@@ -45,6 +45,8 @@
 #define SYMM_STATE_EPOCH 0        // u64 [SYMM_NUM_OPS]: last completed epoch per op
 #define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: end-of-kernel arrival words (flip bit 31)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
+#define SYMM_STATE_STAMPS 160     // u64 [12]: %globaltimer per stage of the last call (diagnostics, CTA 0 +
+                                  // last CTA out): [0..5] dispatch, [6..11] combine; see csrc/*.cu
 
 #ifdef __cplusplus
 extern "C" {
@@ -198,6 +200,9 @@ __host__ __device__ __forceinline__ uint64_t* state_epoch(uint64_t base, const S
 }
 __host__ __device__ __forceinline__ uint32_t* state_grid_bar(uint64_t base, const SymmLayout& L, int op) {
   return at<uint32_t>(base, L.off_state + SYMM_STATE_GRID_BAR) + op;
+}
+__host__ __device__ __forceinline__ uint64_t* state_stamps(uint64_t base, const SymmLayout& L) {
+  return at<uint64_t>(base, L.off_state + SYMM_STATE_STAMPS);
 }
 __host__ __device__ __forceinline__ int32_t* state_err(uint64_t base, const SymmLayout& L) {
   return at<int32_t>(base, L.off_state + SYMM_STATE_ERR);
