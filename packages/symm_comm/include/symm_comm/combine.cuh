@@ -74,8 +74,9 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   const int ncol = (L.hidden * 2 / 16 + 31) / 32;
   const int cred = (num_tokens + chunk - 1) / chunk;
   const int64_t per_chunk = cred ? (total_push + (int64_t)num_tokens * ncol + cred - 1) / cred : 1;
-  // lag: reductions of chunk c are listed ~2 x (warps in the grid) items after chunk c's pushes, so a
-  // warp reaching one finds its rows (pushed by all ranks at the same pace) already there.
+  // lag: reductions of chunk c are listed ~lag_mult x (warps in the grid) items after chunk c's pushes,
+  // so a warp reaching one mostly finds its rows there: under load a push takes ~ (bytes in flight) /
+  // (link bandwidth), many list items' worth (lag_mult 8 measured best, 2 too small).
   int64_t lag = lag_mult < 0 ? C : (lag_mult * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
   if (lag > C) lag = C;
   s.lag = (int32_t)lag;

@@ -28,8 +28,11 @@
 //   pool_w       f32 [P]
 //   combine      bf16 [2][K][T][H]              written by PEERS in combine (parity = epoch & 1)
 // R = num_ranks, L = num_local_experts = E / R, T = max_tokens (per rank), P = pool_rows.
-// Double-buffered (parity) regions make back-to-back calls safe without an extra barrier: call n+2
-// reuses call n's half only after every peer passed call n+1's barrier, i.e. finished reading it.
+// Double-buffered (parity) regions make back-to-back calls safe without an extra barrier: dispatch
+// call n+2 reuses call n's half only after every peer passed call n+1's barrier, i.e. finished reading
+// it; combine call n stores into a peer's half (rows, cmb_arr) only after that peer signalled that it
+// started call n-1 (so finished call n-2, the last reader of that half); cmb_arr[parity ^ 1] is zeroed
+// at the start of call n, before this rank's signal n (csrc/combine.cu).
 #pragma once
 #include <stdint.h>
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# After scripts/symm_gpu_check.sh (same environment): the per-stage stamps (bench/comm_stamps.py) and
+# bench/comm.py once per combine schedule variant "LAG:SPIN_NS" (env SYMM_COMBINE_LAG / SYMM_SPIN_NS);
+# each variant's results go to $OUT/variants/<LAG>_<SPIN>/.   VARIANTS="2:64 8:1000 -1:1000"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export MEGAMOE_LIB_DIR="${MEGAMOE_LIB_DIR:-$PWD/build/lib}"
+export PYTHONPATH="/tmp/site:$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+timeout 60 python3 bench/comm_stamps.py 1 128 4096 2>&1 | grep -E "^rank|Error" | tee "$OUT/stamps.log"
+for v in ${VARIANTS:-}; do
+  lag=${v%%:*}; spin=${v##*:}; d="$OUT/variants/${lag}_${spin}"; mkdir -p "$d"
+  rm -f bench/results/comm-torch-ep2-*-"${MEGAMOE_COMMIT:-x}".*
+  SYMM_COMBINE_LAG=$lag SYMM_SPIN_NS=$spin timeout 90 python3 bench/comm.py --backend torch ${BENCH_ARGS:-} > "$d/bench.log" 2>&1
+  echo "variant lag=$lag spin=$spin rc=$?"; grep -E "^\| [0-9]" "$d/bench.log" | cut -d'|' -f2-4,12-13
+  cp bench/results/comm-torch-ep2-*-"${MEGAMOE_COMMIT:-x}".* "$d/" 2>/dev/null
+done
