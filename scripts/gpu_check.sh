@@ -35,7 +35,7 @@ for s in "${steps[@]}"; do
       rc=$((rc | r1 | r2)); grep -E "^\|" "$OUT/bench.log"; echo "bench rc=$r1/$r2" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        for case in "contiguous 3 100 256 256" "l1 3 100 256 256"; do
+        for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256"; do
           timeout "$T" compute-sanitizer --tool $tool --error-exitcode 9 \
             python3 bench/profile_gemm.py $case >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); tail -1 "$OUT/sanitize_$tool.log"; echo "sanitize $tool ($case) rc=$r"

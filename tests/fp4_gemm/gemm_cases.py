@@ -31,16 +31,31 @@ def random_tokens(rows, K, gen, device="cuda"):
     return x.to(device)
 
 
-def reference_bf16_step_check(out, ref, what):
-    """out BF16 vs float64 ref: >= 99% within one BF16 step of BF16(ref), rel. norm <= 4e-3, no NaN."""
+def reference_bf16_step_check(out, ref, what, bound=None, small=4096):
+    """out BF16 vs float64 ref: >= 99% within one BF16 step of BF16(ref), rel. norm <= 4e-3, no NaN.
+
+    With fewer than `small` elements a percentage says little (one outlier in 128 is 0.8 %), so
+    there, given `bound` (gemm_error_bound), every element outside one BF16 step must instead lie
+    within its own FP8-GEMM error bound. The worst elements are printed either way."""
     out = out.double().cpu()
     ref = ref.double().cpu()
     assert torch.isfinite(out).all(), f"{what}: non-finite outputs (unwritten or corrupted)"
     ref_bf = ref.to(torch.bfloat16).double()
     step = (ref_bf.abs().clamp_min(2.0 ** -126) * 2.0 ** -7)
-    within = ((out - ref_bf).abs() <= step * 1.0001).double().mean().item()
+    err = (out - ref_bf).abs()
+    inside = err <= step * 1.0001
+    within = inside.double().mean().item()
     rel = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    assert within >= 0.99, f"{what}: only {within:.4f} of elements within one BF16 step"
+    if not inside.all():
+        o = (~inside).nonzero()[:5].tolist()
+        detail = [(tuple(i), float(out[tuple(i)]), float(ref[tuple(i)]),
+                   None if bound is None else float(bound.cpu()[tuple(i)])) for i in o]
+        print(f"{what}: {int((~inside).sum())} of {out.numel()} outside one BF16 step (idx, out, ref, bound): {detail}")
+    if bound is not None and out.numel() < small:
+        far = ~inside & ((out - ref).abs() > bound.cpu().double() + step)
+        assert not far.any(), f"{what}: {int(far.sum())} elements beyond one BF16 step and their GEMM error bound"
+    else:
+        assert within >= 0.99, f"{what}: only {within:.4f} of elements within one BF16 step"
     assert rel <= 4e-3, f"{what}: relative error {rel:.2e}"
     return within, rel
 
@@ -58,18 +73,45 @@ def gemm_reference(xq, xs, tw, row_groups):
     return out
 
 
-def l1_reference(xq, xs, tw, row_groups, topk_w, clamp=float("inf"), pow2=False, gran=64):
+def gemm_error_bound(xq, xs, tw, row_groups):
+    """Per output element, how far an FP8 tensor-core GEMM may be from the float64 result: the
+    tensor cores keep ~14 bits of their partial sums, taken as 2^-11 (3 bits of margin) of the sum
+    of |products|. Large where products cancel."""
+    xa = nm.dequantize_fp8(xq.cpu(), xs.cpu()).double().abs()
+    wa = nm.dequantize_transformed(tw).double().abs()
+    if wa.dim() == 2:
+        wa = wa[None]
+    absum = torch.zeros(xa.shape[0], wa.shape[1], dtype=torch.float64)
+    for g, r0, m in row_groups:
+        if m:
+            absum[r0:r0 + m] = xa[r0:r0 + m] @ wa[g].T
+    return absum * 2.0 ** -11
+
+
+def l1_reference(xq, xs, tw, row_groups, topk_w, clamp=float("inf"), pow2=False, gran=64, with_bound=False):
     """DESIGN section 1's L1 recipe on the float64 GEMM (same operations as megamoe.reference):
-    gate/up -> BF16 -> clamp -> silu(gate) * up * topk_w in FP32 -> E4M3 + scale per `gran`."""
-    gu = nm.deinterleave_rows(gemm_reference(xq, xs, tw, row_groups), dim=-1)
-    inter = gu.shape[1] // 2
-    gu = gu.float().bfloat16().float()
+    gate/up -> BF16 -> clamp -> silu(gate) * up * topk_w in FP32 -> E4M3 + scale per `gran`.
+
+    with_bound: also returns, per output element, how far an FP8 tensor-core GEMM may move it: the
+    tensor cores keep ~14 bits of their partial sums, so gate/up may be off by ~2^-14 of the sum of
+    |products| (taken as 2^-11: 3 bits of margin) plus one BF16 step of their own value, propagated
+    through silu(g) * u * w (|silu'| <= 1.1). Where a sum cancels (large products, small result)
+    this is far more than one FP8 step of the result."""
+    gu64 = nm.deinterleave_rows(gemm_reference(xq, xs, tw, row_groups), dim=-1)
+    inter = gu64.shape[1] // 2
+    gu = gu64.float().bfloat16().float()
     gate = gu[:, :inter].clamp(max=clamp)
     up = gu[:, inter:].clamp(-clamp, clamp)
     silu = gate / (1 + torch.exp(-gate.double()).float())
-    a = silu * up * topk_w.float().cpu()[:, None]
+    tw_col = topk_w.float().cpu()[:, None]
+    a = silu * up * tw_col
     q, s = nm.quantize_fp8(a, gran=gran, pow2=pow2)
-    return q.view(torch.uint8), s
+    if not with_bound:
+        return q.view(torch.uint8), s
+    delta = nm.deinterleave_rows(gemm_error_bound(xq, xs, tw, row_groups), dim=-1) + gu64.abs() * 2.0 ** -8
+    dg, du = delta[:, :inter], delta[:, inter:]
+    bound = tw_col.double() * (silu.double().abs() * du + 1.1 * up.double().abs() * dg)
+    return q.view(torch.uint8), s, bound
 
 
 def fp8_ordinal(codes):
@@ -85,7 +127,7 @@ def _e4m3_step(x):
     return torch.exp2(torch.floor(torch.log2(x)) - 3)
 
 
-def check_l1(q, s, q_ref, s_ref, what):
+def check_l1(q, s, q_ref, s_ref, what, bound=None):
     """L1 output vs the float64-GEMM reference.
 
     Asserted (measured on H200, commit f6d205a, see docs/perf-notes.md):
@@ -96,8 +138,11 @@ def check_l1(q, s, q_ref, s_ref, what):
       ~1-2 % of elements, and the token's maximum decides its scale;
     - a code more than one FP8 step away only where the dequantised values still agree to
       2^-10 of the token's amax (near-zero outputs: an FP8 step there is ~4e-6 amax, below any FP8
-      GEMM's accuracy) or to one FP8 step at the larger of the two scales (a power-of-two scale
-      that flipped between the two)."""
+      GEMM's accuracy), to one FP8 step at the larger of the two scales (a power-of-two scale
+      that flipped between the two), or, given `bound` (l1_reference(with_bound=True)), to the
+      element's own FP8-GEMM error bound plus one FP8 step (sums with large cancelling products:
+      seen once in ~30 k elements on H200 with clamp 1.0, 14 steps off at 2^-8 of the sum of
+      |products|)."""
     q, s, q_ref, s_ref = q.cpu(), s.cpu(), q_ref.cpu(), s_ref.cpu()
     gran = q.shape[-1] // s.shape[-1]
     rep = lambda t: t.double().repeat_interleave(gran, -1)  # noqa: E731
@@ -106,6 +151,8 @@ def check_l1(q, s, q_ref, s_ref, what):
     a_r = q_ref.view(torch.float8_e4m3fn).double() * rep(s_ref)
     s_big = torch.maximum(rep(s), rep(s_ref))
     allowed = torch.maximum(rep(s_ref) * 448 * 2.0 ** -10, _e4m3_step(a_r / s_big) * s_big)
+    if bound is not None:
+        allowed = torch.maximum(allowed, bound.cpu().double() + _e4m3_step(a_r / s_big) * s_big)
     far = dq > 1
     bad = far & ((a_k - a_r).abs() > allowed)
     stats = dict(codes_eq=round((dq == 0).double().mean().item(), 5),

@@ -8,7 +8,8 @@ pytestmark = pytest.mark.gpu
 
 from fp4_gemm import ops, quantize_fp8  # noqa: E402
 
-from gemm_cases import fresh_generator, gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
+from gemm_cases import (fresh_generator, gemm_error_bound, gemm_reference, random_tokens, random_weights,  # noqa: E402
+                        reference_bf16_step_check)
 
 POISON = 0x7FC1  # a BF16 NaN: any element the kernel fails to write stays NaN
 
@@ -27,7 +28,7 @@ CONTIGUOUS_CASES = [
 
 
 @pytest.mark.parametrize("G,N,K,sizes", CONTIGUOUS_CASES)
-@pytest.mark.parametrize("block_n", [None, 8, 128])
+@pytest.mark.parametrize("block_n", [None, 8, 16, 32, 64, 128])  # every kernel configuration
 def test_contiguous(G, N, K, sizes, block_n):
     gen = fresh_generator()
     if sizes == "random":
@@ -45,8 +46,10 @@ def test_contiguous(G, N, K, sizes, block_n):
     torch.cuda.synchronize()
     ops.check_errors()
     starts = offs.tolist()
-    ref = gemm_reference(xq, xs, tw, [(g, starts[g], sizes[g]) for g in range(G)])
-    reference_bf16_step_check(out, ref, f"contiguous G={G} N={N} K={K} block_n={block_n}")
+    groups = [(g, starts[g], sizes[g]) for g in range(G)]
+    ref = gemm_reference(xq, xs, tw, groups)
+    reference_bf16_step_check(out, ref, f"contiguous G={G} N={N} K={K} block_n={block_n}",
+                              gemm_error_bound(xq, xs, tw, groups))
 
 
 @pytest.mark.parametrize("G,N,K,max_m", [(4, 256, 512, 8), (32, 384, 256, 16), (6, 256, 1024, 200), (2, 128, 7168, 64)])
@@ -63,11 +66,13 @@ def test_masked(G, N, K, max_m):
                      masked_m=m.to(torch.int32).cuda(), out=out)
     torch.cuda.synchronize()
     ops.check_errors()
-    ref = gemm_reference(xq, xs, tw, [(g, g * max_m, int(m[g])) for g in range(G)]).view(G, max_m, N)
+    groups = [(g, g * max_m, int(m[g])) for g in range(G)]
+    ref = gemm_reference(xq, xs, tw, groups).view(G, max_m, N)
+    bound = gemm_error_bound(xq, xs, tw, groups).view(G, max_m, N)
     for g in range(G):
         mg = int(m[g])
         if mg:
-            reference_bf16_step_check(out[g, :mg], ref[g, :mg], f"masked g={g}")
+            reference_bf16_step_check(out[g, :mg], ref[g, :mg], f"masked g={g}", bound[g, :mg])
         # rows past masked_m are not touched
         assert torch.isnan(out[g, mg:].float()).all(), f"masked g={g}: wrote rows past masked_m"
 

@@ -26,8 +26,9 @@ def test_l1_contiguous(G, I, K, sizes, clamp, pow2):
     ops.check_errors()
     assert q.shape == (M, I) and s.shape == (M, I // 64)
     st = offs.tolist()
-    q_ref, s_ref = l1_reference(xq, xs, tw, [(g, st[g], sizes[g]) for g in range(G)], w, clamp, pow2)
-    print(check_l1(q.view(torch.uint8), s, q_ref, s_ref, f"G={G} I={I} K={K} clamp={clamp} pow2={pow2}"))
+    q_ref, s_ref, bound = l1_reference(xq, xs, tw, [(g, st[g], sizes[g]) for g in range(G)], w, clamp, pow2,
+                                       with_bound=True)
+    print(check_l1(q.view(torch.uint8), s, q_ref, s_ref, f"G={G} I={I} K={K} clamp={clamp} pow2={pow2}", bound))
 
 
 def test_l1_masked():
@@ -41,10 +42,10 @@ def test_l1_masked():
                                masked_m=m.cuda())
     torch.cuda.synchronize()
     ops.check_errors()
-    q_ref, s_ref = l1_reference(xq, xs, tw, [(g, g * max_m, int(m[g])) for g in range(G)], w)
+    q_ref, s_ref, bound = l1_reference(xq, xs, tw, [(g, g * max_m, int(m[g])) for g in range(G)], w, with_bound=True)
     q, s = q.view(torch.uint8).view(G * max_m, I), s.view(G * max_m, I // 64)
     valid = torch.cat([torch.arange(g * max_m, g * max_m + int(m[g])) for g in range(G)])
-    check_l1(q[valid], s[valid], q_ref[valid], s_ref[valid], "masked")
+    check_l1(q[valid], s[valid], q_ref[valid], s_ref[valid], "masked", bound[valid])
 
 
 def test_l1_needs_interleaved_weights():

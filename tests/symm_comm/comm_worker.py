@@ -436,6 +436,7 @@ def run_all(backend, scenarios, res):
         if R < 2:
             return
         x, s, idx, w = make_inputs(rank, 16, H, E, K, gen)
+        *_, h_old = buf.dispatch(x, s, idx, w)  # a handle from before the reset
         buf.timeout_ns = int(2e9)
         if rank != R - 1:
             t0 = time.time()
@@ -446,6 +447,8 @@ def run_all(backend, scenarios, res):
             expect_error(lambda: buf.dispatch(x, s, idx, w), SymmCommError, "resync")
             res["timeout_msg"] = str(e)
         buf.resync()
+        expect_error(lambda: buf.combine(torch.zeros(1, H, dtype=torch.bfloat16, device="cuda"), h_old), ValueError,
+                     "stale")
         buf.timeout_ns = int(30e9)
         x, s, idx, w = make_inputs(rank, 40, H, E, K, gen)
         one_round(buf, x, s, idx, w, "contiguous", weighted=True, a2a=True)

@@ -11,11 +11,21 @@
 namespace fp4_gemm {
 namespace {
 
-constexpr int kProducerRegs = 40;
-constexpr int kMathRegs = 232;
 constexpr int kThreads = 128 + kMathThreads;  // producer warpgroup + math warpgroups
 constexpr int kMaxDevices = 64;
-static_assert(kProducerRegs * 128 + kMathRegs * kMathThreads <= 65536, "register file");
+
+// Registers per thread after setmaxnreg. A kernel using setmaxnreg is compiled at its launch
+// bound's maximum (65536 / (kThreads * CTAs per SM), in steps of 8), which is the CTA's whole
+// allocation: the warpgroups' new counts must fit in it, or setmaxnreg.inc would wait forever.
+template <int kCtasPerSm>
+struct RegisterSplit {
+  static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
+  static constexpr int kProducer = 40;
+  static constexpr int kMath = ((kLaunchRegs * kThreads - kProducer * 128) / kMathThreads) / 8 * 8;
+  static_assert(kProducer * 128 + kMath * kMathThreads <= kLaunchRegs * kThreads, "register file");
+  static_assert(kMath <= 256, "setmaxnreg range");
+};
+static_assert(RegisterSplit<1>::kMath == 232 && RegisterSplit<2>::kMath == 96, "expected splits");
 
 struct GemmArgs {
   GroupedProblem pb;
@@ -29,7 +39,7 @@ struct GemmArgs {
 enum class Epilogue { kBF16, kL1 };
 
 template <class Cfg, Epilogue kEpi>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
 grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs args) {
   // The dynamic shared memory window starts at offset 0 (no static shared memory in this kernel),
   // so it is 1024-byte aligned as the 128-byte swizzle needs; checked, not assumed. Pointers stay
@@ -44,22 +54,20 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   init_pipeline(sm, tid, kThreads);
   __syncthreads();
 
+  using Regs = RegisterSplit<Cfg::kCtasPerSm>;
   GroupedScheduler<Cfg::kBlockN, WL::kBlockRows> sched(args.pb);
   Tile t;
   uint32_t iter = 0;
   if (tid < 128) {
-    ptx::setmaxnreg_dec<kProducerRegs>();
-    if (tid < 32) {
-      if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
-      while (sched.next(t))
-        if (!produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err)) return;
-    }
+    ptx::setmaxnreg_dec<Regs::kProducer>();
+    static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
+    if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
+    while (sched.next(t))
+      if (!produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err)) return;
   } else {
-    ptx::setmaxnreg_inc<kMathRegs>();
+    ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    float acc[Cfg::kAccRegs];
-    for (uint32_t tiles = 0; sched.next(t); ++tiles) {
-      if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) return;
+    auto epilogue = [&](const Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t tiles) {
       const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
       if constexpr (kEpi == Epilogue::kBF16) {
         const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
@@ -68,13 +76,21 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
         store_l1_fp8<Cfg::kBlockN>(acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg,
                                    sm.epilogue(), tiles & 1);
       }
+    };
+    if constexpr (Cfg::kPath == WeightPath::kRegs) {
+      mma_stream_regs<Cfg, WL::kBlockRows>(sm, args.pb, args.w, sched, wg, tid_in_wg, args.err, epilogue);
+    } else {
+      float acc[Cfg::kAccRegs];
+      for (uint32_t tiles = 0; sched.next(t); ++tiles) {
+        if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) return;
+        epilogue(t, acc, tiles);
+      }
     }
   }
 }
 
-template <int kBlockN, int kStages, Epilogue kEpi>
+template <class Cfg, Epilogue kEpi>
 int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t stream) {
-  using Cfg = MainloopConfig<kBlockN, kStages>;
   auto kernel = grouped_gemm_kernel<Cfg, kEpi>;
   // Once per device and instantiation, not on every launch (it costs host time).
   static bool attr_set[kMaxDevices] = {};
@@ -85,7 +101,7 @@ int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t 
     if (e != cudaSuccess) return int(e);
     if (dev < kMaxDevices) attr_set[dev] = true;
   }
-  kernel<<<num_sms, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
+  kernel<<<num_sms * Cfg::kCtasPerSm, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
   return int(cudaGetLastError());
 }
 
@@ -113,12 +129,15 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   a.x.scale_stride = k / WL::kBlockK;
   CUtensorMap map;
   if (const int rc = make_tensor_map_2d_u8(&map, x, k, rows, k, WL::kBlockK, block_n)) return rc;
+  // Few tokens: the loop is short and latency-bound, so two CTAs per SM run two decode chains and
+  // keep more weight bytes in flight. Many tokens: weights go straight to registers (kRegs).
+  using P = WeightPath;
   switch (block_n) {
-    case 8: return launch<8, 16, kEpi>(a, map, num_sms, stream);
-    case 16: return launch<16, 16, kEpi>(a, map, num_sms, stream);
-    case 32: return launch<32, 16, kEpi>(a, map, num_sms, stream);
-    case 64: return launch<64, 12, kEpi>(a, map, num_sms, stream);
-    case 128: return launch<128, 8, kEpi>(a, map, num_sms, stream);
+    case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2>, kEpi>(a, map, num_sms, stream);
+    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2>, kEpi>(a, map, num_sms, stream);
+    case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1>, kEpi>(a, map, num_sms, stream);
+    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1>, kEpi>(a, map, num_sms, stream);
+    case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1>, kEpi>(a, map, num_sms, stream);
     default: return FP4G_EUNSUPPORTED;
   }
 }

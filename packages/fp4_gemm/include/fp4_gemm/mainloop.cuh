@@ -2,8 +2,9 @@
 // from registers, tokens the B operand from shared memory.
 //
 // Pipeline contract (one ring of kNumStages stages, each = token tile + weight chunk + token scales):
-//  - full[s]  : 1 arrive.expect_tx by the producer's lane 0 (TMA + bulk bytes) and 32 cp.async
-//               arrives (.noinc) of the producer lanes that copy the token scales  -> kFullArrivals.
+//  - full[s]  : 1 arrive.expect_tx by producer thread 0 (TMA + bulk bytes) and one cp.async
+//               arrive (.noinc) per producer thread (kProducerThreads), each once its own token
+//               scale copies landed                                                 -> kFullArrivals.
 //  - empty[s] : one arrive per math warp once that warp no longer reads stage s (after
 //               wgmma.wait_group 0, so the tensor cores are done reading the token tile).
 // Iteration i of the ring uses stage i % kNumStages with phase parity (i / kNumStages) & 1; the
@@ -32,15 +33,33 @@ __device__ __forceinline__ void report_error(int* err, int code) {
   if (err != nullptr) atomicCAS(err, 0, code);
 }
 
-template <int kBlockN_, int kNumStages_>
+// Where the math warps read the packed weights from:
+//  - kSmem: the producer bulk-copies each K block's chunk into the stage; the math warps decode it
+//    from shared memory. Best when the loop is short (few tokens): many stages keep HBM busy.
+//  - kRegs: each math thread loads its own fragment's bytes straight from global memory into
+//    registers, two K blocks ahead (the producer only warms L2). The shared-memory port is then
+//    left to the tensor cores' token reads, which otherwise delay the decode's loads (the main
+//    stall of the kSmem loop at 128 tokens per tile).
+// (A third path, the producer warpgroup decoding into swizzled E4M3 tiles for shared-memory
+// wgmmas, measured slower at 128 tokens per tile: 496 vs 675 TFLOPS; docs/perf-notes.md.)
+enum class WeightPath { kSmem, kRegs };
+
+template <int kBlockN_, int kNumStages_, WeightPath kPath_ = WeightPath::kSmem, int kCtasPerSm_ = 1>
 struct MainloopConfig {
   static constexpr int kBlockN = kBlockN_;      // tokens per tile (wgmma N)
   static constexpr int kNumStages = kNumStages_;
+  static constexpr WeightPath kPath = kPath_;
+  static constexpr int kCtasPerSm = kCtasPerSm_;  // CTAs resident per SM (registers and smem split)
   static constexpr int kBlockK = WL::kBlockK;
   static constexpr int kTokenTileBytes = kBlockN * kBlockK;  // FP8, 128-byte swizzled rows
-  static constexpr int kWeightBytes = WL::kBlockChunkBytes;
-  static constexpr int kScaleBytes = kBlockN * 4;
-  static constexpr int kFullArrivals = 1 + 32;
+  static constexpr int kWeightBytes = kPath == WeightPath::kSmem ? WL::kBlockChunkBytes : 0;  // per stage
+  // Token scales, grouped by lane quad (see scale_slot); each quad's run padded by 4 floats so the
+  // 4 quads' vector loads fall in different banks (unpadded, kBlockN / 4 floats apart they all hit
+  // banks 0..3 for kBlockN = 128: a 4-way conflict on every scale load).
+  static constexpr int kScaleQuadFloats = kBlockN / 4 + 4;
+  static constexpr int kScaleBytes = 4 * kScaleQuadFloats * 4;
+  static constexpr int kProducerThreads = 128;  // the producer warpgroup: all 4 warps copy scales
+  static constexpr int kFullArrivals = 1 + kProducerThreads;
   static constexpr int kEmptyArrivals = kMathThreads / 32;
   static constexpr int kAccRegs = kBlockN / 2;
 
@@ -57,8 +76,11 @@ struct MainloopConfig {
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
   static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
   static_assert(kWeightBytes % 16 == 0 && kWeightOff % 16 == 0, "bulk copy alignment");
-  static_assert(kSmemBytes <= 232448, "exceeds the 227 KB of shared memory a CTA may use");
+  // 227 KB per SM for all resident CTAs, 1 KB of which the system reserves per CTA.
+  static_assert(kSmemBytes <= 232448 / kCtasPerSm - (kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(kBlockK == 128, "one activation scale per stage");
+  static_assert((kScaleQuadFloats * 4) % (kBlockN >= 16 ? 16 : 8) == 0 && kScaleBytes % 16 == 0,
+                "scale runs stay aligned for their vector loads");
 };
 
 template <class Cfg>
@@ -74,10 +96,10 @@ struct SmemView {
 };
 
 // Token scales live in shared memory permuted so that a math thread's kBlockN / 4 scales are
-// contiguous (vector loads): token 8j + 2q + c (q = lane % 4) sits at q * kBlockN / 4 + 2j + c.
-template <int kBlockN>
+// contiguous (vector loads): token 8j + 2q + c (q = lane % 4) sits at q * kScaleQuadFloats + 2j + c.
+template <class Cfg>
 __device__ __forceinline__ int scale_slot(int token) {
-  return ((token % 8) / 2) * (kBlockN / 4) + 2 * (token / 8) + token % 2;
+  return ((token % 8) / 2) * Cfg::kScaleQuadFloats + 2 * (token / 8) + token % 2;
 }
 
 template <class Cfg>
@@ -102,15 +124,23 @@ struct TokenOperand {
   int64_t scale_stride;      // elements between rows of `scales`
 };
 
-// Producer (one warp): streams the K blocks of one tile into the ring. Returns false on timeout.
+// Packed weight chunks of tile t: k_blocks chunks of WL::kBlockChunkBytes.
+__device__ __forceinline__ const uint8_t* tile_weights(const WeightOperand& w, const GroupedProblem& pb, const Tile& t) {
+  return w.packed + (int64_t(t.group) * (pb.n / WL::kBlockRows) + t.n_block) * int64_t(pb.k / WL::kBlockK) *
+                        WL::kBlockChunkBytes;
+}
+
+// Producer (the kProducerThreads threads of a warpgroup, `ptid` 0..127): streams the K blocks of
+// one tile into the ring; thread 0 issues the bulk copies, every thread copies the scales of
+// tokens ptid, ptid + 128, ... (one copy per thread per stage at 128 tokens: a single warp's four
+// strided 4-byte copies per stage kept it busy most of the time). Returns false on timeout.
 template <class Cfg>
 __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                              const WeightOperand& w, const TokenOperand& x,
                                              const GroupedProblem& pb, const Tile& t, uint32_t& iter,
-                                             int lane, int* err) {
+                                             int ptid, int* err) {
   const int k_blocks = pb.k / Cfg::kBlockK;
-  const uint8_t* wsrc = w.packed + (int64_t(t.group) * (pb.n / WL::kBlockRows) + t.n_block) *
-                                       int64_t(k_blocks) * Cfg::kWeightBytes;
+  const uint8_t* wsrc = tile_weights(w, pb, t);
   for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
     const int s = iter % Cfg::kNumStages;
     const uint32_t phase = (iter / Cfg::kNumStages) & 1;
@@ -118,16 +148,20 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
       report_error(err, kErrTimeoutEmpty);
       return false;
     }
-    if (lane == 0) {
+    if (ptid == 0) {
       ptx::mbar_arrive_expect_tx(sm.full(s), Cfg::kTokenTileBytes + Cfg::kWeightBytes);
       ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, int32_t(t.row0));
-      ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
+      if constexpr (Cfg::kPath == WeightPath::kSmem) {
+        ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
+      } else {  // the math threads load this chunk themselves ~kNumStages K blocks from now: warm L2
+        ptx::prefetch_l2(wsrc + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes);
+      }
     }
     // Token scales: rows past the tile's valid rows are left as they are (their outputs are never
     // stored, and each output column depends only on its own token).
     float* dst = sm.scales(s);
-    for (int i = lane; i < t.rows; i += 32)
-      ptx::cp_async_4(dst + scale_slot<Cfg::kBlockN>(i), x.scales + (t.row0 + i) * x.scale_stride + kb);
+    for (int i = ptid; i < t.rows; i += Cfg::kProducerThreads)
+      ptx::cp_async_4(dst + scale_slot<Cfg>(i), x.scales + (t.row0 + i) * x.scale_stride + kb);
     ptx::cp_async_arrive_noinc(sm.full(s));
   }
   return true;
@@ -146,122 +180,285 @@ struct DecodeOffsets {
   }
 };
 
-template <class Cfg>
-__device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, const DecodeOffsets& off,
-                                             uint32_t (&a)[WL::kStepsPerBlockK][4]) {
-  constexpr int kSteps = WL::kStepsPerBlockK;
-  const uint8_t* chunk = sm.weights(s);
-  // All shared-memory loads first (codes do not depend on the shifts): one load latency, not two.
-  uint2 codes[kSteps];
+// One thread's packed bytes of one K block: its code words for the 4 k32 steps, its 8 shifts.
+struct RawFragment {
+  uint2 codes[WL::kStepsPerBlockK];
+  uint2 shifts;
+};
+
+__device__ __forceinline__ void load_raw_smem(const uint8_t* chunk, const DecodeOffsets& off, RawFragment& r) {
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st)
-    codes[st] = *reinterpret_cast<const uint2*>(chunk + off.code + st * 128 * WL::kCodeBytesPerThreadStep);
-  const uint2 shifts = *reinterpret_cast<const uint2*>(chunk + off.shift);
+  for (int st = 0; st < WL::kStepsPerBlockK; ++st)
+    r.codes[st] = *reinterpret_cast<const uint2*>(chunk + off.code + st * 128 * WL::kCodeBytesPerThreadStep);
+  r.shifts = *reinterpret_cast<const uint2*>(chunk + off.shift);
+}
+
+// Weights are immutable during the kernel: the read-only path is safe.
+__device__ __forceinline__ void load_raw_global(const uint8_t* chunk, const DecodeOffsets& off, RawFragment& r) {
+#pragma unroll
+  for (int st = 0; st < WL::kStepsPerBlockK; ++st)
+    r.codes[st] = ptx::ldg_stream_v2(chunk + off.code + st * 128 * WL::kCodeBytesPerThreadStep);
+  r.shifts = ptx::ldg_stream_v2(chunk + off.shift);
+}
+
+// Decodes one K block's A fragments (4 k32 steps). `lut` is the shared-memory table for shifts
+// below kMinFastShift (a warp-uniform slow path: realistic weights rarely take it).
+__device__ __forceinline__ void decode_raw(const RawFragment& r, const uint2* lut_smem,
+                                           uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  constexpr int kSteps = WL::kStepsPerBlockK;
   // sh[2 * step + h]: shift of row r + 8h in k32 step `step`.
   int sh[2 * kSteps];
   int smin = WL::kMaxShift;
 #pragma unroll
   for (int i = 0; i < 2 * kSteps; ++i) {
-    sh[i] = int(int8_t((i < 4 ? shifts.x : shifts.y) >> (8 * (i % 4))));
+    sh[i] = int(int8_t((i < 4 ? r.shifts.x : r.shifts.y) >> (8 * (i % 4))));
     smin = min(smin, sh[i]);
   }
   uint2 lut[2 * kSteps];
   if (__any_sync(0xffffffffu, smin < kMinFastShift)) {
 #pragma unroll
-    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = sm.lut()[sh[i] - WL::kMinShift];
+    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = lut_smem[min(max(sh[i], WL::kMinShift), WL::kMaxShift) - WL::kMinShift];
   } else {
 #pragma unroll
     for (int i = 0; i < 2 * kSteps; ++i) lut[i] = fast_shift_lut(sh[i]);
   }
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) decode_step(codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
+  for (int st = 0; st < kSteps; ++st) decode_step(r.codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
 }
 
+template <class Cfg>
+__device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, const DecodeOffsets& off,
+                                             uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  // All shared-memory loads first (codes do not depend on the shifts): one load latency, not two.
+  RawFragment r;
+  load_raw_smem(sm.weights(s), off, r);
+  decode_raw(r, sm.lut(), a);
+}
+
+
+
+// ---------------------------------------------------------------- per-K-block steps of the math loop
+// Issues the 4 k32 wgmmas of stage s (fresh partial sums in `part`) and commits them as one group.
+template <class Cfg>
+__device__ __forceinline__ void issue_block_mma(const SmemView<Cfg>& sm, int s, const uint32_t (&a)[WL::kStepsPerBlockK][4],
+                                                float (&part)[Cfg::kAccRegs]) {
+  using Mma = WgmmaRS<Cfg::kBlockN>;
+  const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int st = 0; st < WL::kStepsPerBlockK; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
+  ptx::wgmma_commit();
+}
+
+// This thread's token scales of stage s: scale[2j + c] for token 8j + 2(lane%4) + c.
+template <class Cfg>
+__device__ __forceinline__ void load_token_scales(const SmemView<Cfg>& sm, int s, uint32_t scale_off,
+                                                  float (&scale)[Cfg::kBlockN / 4]) {
+  const float* sc = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(sm.scales(s)) + scale_off);
+  if constexpr (Cfg::kBlockN >= 16) {
+#pragma unroll
+    for (int v = 0; v < Cfg::kBlockN / 16; ++v) {
+      const float4 f = reinterpret_cast<const float4*>(sc)[v];
+      scale[4 * v] = f.x, scale[4 * v + 1] = f.y, scale[4 * v + 2] = f.z, scale[4 * v + 3] = f.w;
+    }
+  } else {
+    const float2 f = *reinterpret_cast<const float2*>(sc);
+    scale[0] = f.x, scale[1] = f.y;
+  }
+}
+
+// Waits until at most kPending wgmma groups are in flight (so stage s's group is done), releases
+// stage s to the producer, promotes: acc += part * scale.
+template <class Cfg, int kPending = 0>
+__device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int lane,
+                                             const uint32_t (&a)[WL::kStepsPerBlockK][4], float (&part)[Cfg::kAccRegs],
+                                             const float (&scale)[Cfg::kBlockN / 4], float (&acc)[Cfg::kAccRegs]) {
+  ptx::wgmma_wait<kPending>();
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
+  // The wgmmas read a[] until the wait: keep it live so the next fragments get other registers.
+#pragma unroll
+  for (int st = 0; st < WL::kStepsPerBlockK; ++st)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ptx::fence_operand(const_cast<uint32_t&>(a[st][r]));
+  // Every lane's wgmma reads of stage s completed at the wait above, before lane 0 arrives.
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(sm.empty(s));
+#pragma unroll
+  for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+    acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[2 * j], acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(part[4 * j + 1], scale[2 * j + 1], acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[2 * j], acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[2 * j + 1], acc[4 * j + 3]);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, uint32_t iter, int* err) {
+  if (ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) return true;
+  report_error(err, kErrTimeoutFull);
+  return false;
+}
+
+template <class Cfg>
+__device__ __forceinline__ uint32_t scale_offset(int lane) {
+  uint32_t off = (lane % 4) * Cfg::kScaleQuadFloats * 4;
+  asm volatile("" : "+r"(off));  // computed once, kept in a register
+  return off;
+}
+
+// ---------------------------------------------------------------- kSmem loop (one tile)
 // One math warpgroup: accumulates its 64 weight rows x kBlockN tokens of tile t into acc
 // (promoted FP32: per 128-K block, fresh wgmma partial sums times the tokens' scales).
-// Software-pipelined: the next stage is decoded while this stage's wgmmas run. Returns false on
+// Two K blocks in flight: block kb's wgmmas are issued before block kb-1's are waited for, so the
+// tensor-core latency is off the loop's critical path (this path serves few tokens per tile, where
+// each K block's MMA is short and the loop is latency-bound). Per K block:
+//   issue kb (fragments decoded one block earlier, partial sums part[kb % 2])
+//   wait until only kb is in flight -> release stage kb-1, promote its partial sums
+//   decode kb+1 into the fragment buffer kb-1 used (free since that wait).
+// Registers: two partial-sum, fragment and scale buffers (small at kBlockN <= 32). Returns false on
 // timeout.
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedProblem& pb, int wg,
                                          int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
                                          int* err) {
-  using Mma = WgmmaRS<Cfg::kBlockN>;
+  static_assert(Cfg::kPath == WeightPath::kSmem, "the kRegs path runs mma_stream_regs");
+  static_assert(Cfg::kBlockN <= 32, "two partial-sum buffers: registers allow up to 32 tokens");
   constexpr int kSteps = WL::kStepsPerBlockK;
-  const int lane = tid_in_wg % 32;
+  constexpr int kScales = Cfg::kBlockN / 4;
+  int lane = tid_in_wg % 32;
+  asm volatile("" : "+r"(lane));  // kept in a register: an S2R of %tid inside the loop stalled the wgmma issue
   const int k_blocks = pb.k / Cfg::kBlockK;
-  float part[Cfg::kAccRegs];
+  float part0[Cfg::kAccRegs], part1[Cfg::kAccRegs];
+  float sc0[kScales], sc1[kScales];
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
   const DecodeOffsets off(wg, tid_in_wg);
-  uint32_t scale_off = (lane % 4) * (Cfg::kBlockN / 4) * 4;
-  asm volatile("" : "+r"(scale_off));
+  const uint32_t scale_off = scale_offset<Cfg>(lane);
   uint32_t a0[kSteps][4], a1[kSteps][4];
-  if (!ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
-    report_error(err, kErrTimeoutFull);
-    return false;
-  }
+  if (!wait_full(sm, iter, err)) return false;
   decode_stage(sm, iter % Cfg::kNumStages, off, a0);
 
-  // One K block: wgmmas on `a` (already decoded), then, under them, the next stage into `a_next`.
-  auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4]) -> bool {
+  // Block kb: `a`, `part`, `sc` are its buffers; `a_next`, `part_prev`, `sc_prev` those of kb-1,
+  // which become kb+1's fragment buffer once kb-1 is retired.
+  auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4], float (&part)[Cfg::kAccRegs],
+                    float (&part_prev)[Cfg::kAccRegs], float (&sc)[kScales], float (&sc_prev)[kScales]) -> bool {
     const int s = iter % Cfg::kNumStages;
-    const uint64_t desc = ptx::smem_desc_k128_sw128(sm.tokens(s));
-#pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) Mma::mma(part, a[st], desc + uint64_t((st * 32) >> 4), st > 0);
-    ptx::wgmma_commit();
-
-    // While the tensor cores run: this stage's token scales, then the next stage's A fragments.
-    float scale[Cfg::kBlockN / 4];  // scale[2j + c] for token 8j + 2(lane%4) + c
-    const float* sc = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(sm.scales(s)) + scale_off);
-    if constexpr (Cfg::kBlockN >= 16) {
-#pragma unroll
-      for (int v = 0; v < Cfg::kBlockN / 16; ++v) {
-        const float4 f = reinterpret_cast<const float4*>(sc)[v];
-        scale[4 * v] = f.x, scale[4 * v + 1] = f.y, scale[4 * v + 2] = f.z, scale[4 * v + 3] = f.w;
-      }
-    } else {
-      const float2 f = *reinterpret_cast<const float2*>(sc);
-      scale[0] = f.x, scale[1] = f.y;
-    }
+    issue_block_mma(sm, s, a, part);
+    load_token_scales(sm, s, scale_off, sc);
+    if (kb > 0) retire_block<Cfg, 1>(sm, (iter - 1) % Cfg::kNumStages, lane, a_next, part_prev, sc_prev, acc);
     if (kb + 1 < k_blocks) {
-      const int sn = (iter + 1) % Cfg::kNumStages;
-      if (!ptx::mbar_wait(sm.full(sn), ((iter + 1) / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) {
-        report_error(err, kErrTimeoutFull);
+      if (!wait_full(sm, iter + 1, err)) {
         ptx::wgmma_wait<0>();
         return false;
       }
-      decode_stage(sm, sn, off, a_next);
-    }
-    ptx::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
-    // The wgmmas read a[] until the wait: keep it live so a_next gets other registers.
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) ptx::fence_operand(a[st][r]);
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(sm.empty(s));
-#pragma unroll
-    for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-      acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[2 * j], acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(part[4 * j + 1], scale[2 * j + 1], acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[2 * j], acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[2 * j + 1], acc[4 * j + 3]);
+      decode_stage(sm, (iter + 1) % Cfg::kNumStages, off, a_next);
     }
     ++iter;
     return true;
   };
-  // Unrolled by two so the two fragment buffers swap roles without register moves.
+  // Unrolled by two so the buffers swap roles without register moves.
   for (int kb = 0; kb < k_blocks; kb += 2) {
-    if (!kblock(kb, a0, a1)) return false;
-    if (kb + 1 < k_blocks && !kblock(kb + 1, a1, a0)) return false;
+    if (!kblock(kb, a0, a1, part0, part1, sc0, sc1)) return false;
+    if (kb + 1 < k_blocks && !kblock(kb + 1, a1, a0, part1, part0, sc1, sc0)) return false;
   }
+  // The last block is still in flight.
+  const int s_last = (iter - 1) % Cfg::kNumStages;
+  if (k_blocks & 1)
+    retire_block<Cfg, 0>(sm, s_last, lane, a0, part0, sc0, acc);
+  else
+    retire_block<Cfg, 0>(sm, s_last, lane, a1, part1, sc1, acc);
   return true;
+}
+
+// ---------------------------------------------------------------- kRegs loop (all tiles of a CTA)
+// The math warpgroup walks the flat sequence of (tile, K block) of its CTA. A second copy of the
+// scheduler (the load cursor) runs kLoadAhead K blocks ahead of the compute cursor, across tile
+// boundaries, so a tile's first fragments are in registers when its first wgmma is issued.
+// Per K block: wgmmas on fragments decoded one block earlier; under them, decode the next block
+// from raw bytes loaded two blocks earlier and load the raw bytes of the block after that.
+// `epilogue(tile, acc, tile_index)` runs after a tile's last K block. Returns false on timeout.
+template <class Cfg, int kBlockRows, class Epilogue>
+__device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const GroupedProblem& pb,
+                                                const WeightOperand& w, GroupedScheduler<Cfg::kBlockN, kBlockRows> sched,
+                                                int wg, int tid_in_wg, int* err, Epilogue&& epilogue) {
+  static_assert(Cfg::kPath == WeightPath::kRegs, "the kSmem path runs mma_tile");
+  constexpr int kSteps = WL::kStepsPerBlockK;
+  int lane = tid_in_wg % 32;
+  asm volatile("" : "+r"(lane));  // kept in a register: an S2R of %tid inside the loop stalled the wgmma issue
+  const int k_blocks = pb.k / Cfg::kBlockK;
+  const DecodeOffsets off(wg, tid_in_wg);
+  const uint32_t scale_off = scale_offset<Cfg>(lane);
+
+  // Load cursor: flat K blocks loaded so far (`loaded`), its tile and K block.
+  GroupedScheduler<Cfg::kBlockN, kBlockRows> load_sched = sched;
+  Tile lt;
+  bool l_valid = load_sched.next(lt);
+  int l_kb = 0;
+  const uint8_t* l_chunk = l_valid ? tile_weights(w, pb, lt) : nullptr;
+  uint32_t loaded = 0;
+  auto load_next = [&](RawFragment& r) {
+    if (!l_valid) return;
+    load_raw_global(l_chunk, off, r);
+    ++loaded;
+    l_chunk += WL::kBlockChunkBytes;
+    if (++l_kb == k_blocks) {
+      l_kb = 0;
+      l_valid = load_sched.next(lt);
+      if (l_valid) l_chunk = tile_weights(w, pb, lt);
+    }
+  };
+
+  Tile t;
+  if (!sched.next(t)) return true;
+  RawFragment r0, r1;
+  uint32_t a0[kSteps][4], a1[kSteps][4];
+  float acc[Cfg::kAccRegs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+  load_next(r0);  // flat block 0
+  load_next(r1);  // 1
+  decode_raw(r0, sm.lut(), a0);
+  load_next(r0);  // 2
+
+  uint32_t iter = 0;  // flat K block = ring iteration
+  int kb = 0;
+  uint32_t tiles = 0;
+  // After a tile's last K block: its epilogue, then the next tile. Returns false at the CTA's end.
+  auto end_tile = [&]() -> bool {
+    epilogue(t, acc, tiles++);
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+    kb = 0;
+    return sched.next(t);
+  };
+
+  float part[Cfg::kAccRegs];
+  // Returns 1 when the CTA's last tile is done, -1 on timeout, 0 otherwise.
+  auto kblock = [&](uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4], RawFragment& r_next) -> int {
+    const int s = iter % Cfg::kNumStages;
+    if (!wait_full(sm, iter, err)) return -1;
+    issue_block_mma(sm, s, a, part);
+    float scale[Cfg::kBlockN / 4];
+    load_token_scales(sm, s, scale_off, scale);
+    if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
+      decode_raw(r_next, sm.lut(), a_next);
+      load_next(r_next);          // flat block iter + 3
+    }
+    retire_block(sm, s, lane, a, part, scale, acc);
+    ++iter;
+    if (++kb == k_blocks && !end_tile()) return 1;
+    return 0;
+  };
+  // Unrolled by two so the fragment and raw buffers swap roles without register moves.
+  for (;;) {
+    int rc = kblock(a0, a1, r1);
+    if (rc == 0) rc = kblock(a1, a0, r0);
+    if (rc != 0) return rc > 0;
+  }
 }
 
 }  // namespace fp4_gemm

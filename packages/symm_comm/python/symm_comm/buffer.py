@@ -173,6 +173,8 @@ class Buffer:
         for i in range(ERR_WORDS):
             self._hw[i] = 0
         self._needs_resync = False
+        # Handles from before the reset describe state that no longer exists: make them stale.
+        self._dispatch_seq += 1
         dist.barrier(self.group)
 
     # ---- dispatch / combine --------------------------------------------------------------------

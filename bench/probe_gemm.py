@@ -1,0 +1,47 @@
+"""Quick A/B probe: times a few grouped-GEMM cases with the library in $MEGAMOE_LIB_DIR (one
+process per build variant; no ceilings, no results file: bench/gemm.py is the benchmark).
+Usage: python bench/probe_gemm.py [case ...]   (names as in bench/gemm.py CASES; default: all)
+env PROBE_BLOCK_N: force a token-tile size (default: the library's choice)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import time_cuda  # noqa: E402
+from gemm import CASES, gaussian_packed  # noqa: E402
+
+from fp4_gemm import ops, quantize_fp8  # noqa: E402
+
+
+def main():
+    names = sys.argv[1:] or [c[0] for c in CASES]
+    bn = int(os.environ["PROBE_BLOCK_N"]) if os.environ.get("PROBE_BLOCK_N") else None
+    tag = os.environ.get("MEGAMOE_LIB_DIR", "build/lib")[-12:] + f" bn={bn}"
+    for name, lay, G, m, N, K in CASES:
+        if name not in names:
+            continue
+        torch.manual_seed(0)
+        w = gaussian_packed(G, N, K)
+        xq, xs = quantize_fp8(torch.randn(G * m, K, device="cuda").to(torch.bfloat16))
+        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
+        if lay == "contiguous":
+            fn = lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs, block_n=bn)  # noqa: E731
+        elif lay == "l1":
+            w.gate_up_interleave = True
+            tw = torch.rand(G * m, device="cuda")
+            fn = lambda: ops.grouped_gemm_l1(xq, xs, w, tw, group_offsets=offs, block_n=bn)  # noqa: E731
+        else:
+            mm = torch.full((G,), m, dtype=torch.int32, device="cuda")
+            fn = lambda: ops.grouped_gemm(xq.view(G, m, K), xs.view(G, m, K // 128), w, masked_m=mm, block_n=bn)  # noqa: E731
+        t = time_cuda(fn)
+        wb = w.packed.numel() + w.row_scale.numel() * 4
+        print(f"{tag:28s} {name:22s} {t * 1e6:9.1f} us  {2.0 * G * m * N * K / t / 1e12:7.1f} TFLOPS  "
+              f"{wb / t / 1e9:7.1f} GB/s weights", flush=True)
+
+
+if __name__ == "__main__":
+    main()
