@@ -32,7 +32,8 @@ for s in "${steps[@]}"; do
     bench)
       timeout "$T" python3 bench/gemm.py > "$OUT/bench.log" 2>&1; r1=$?
       timeout "$T" python3 bench/comm.py --backend torch >> "$OUT/bench.log" 2>&1; r2=$?
-      rc=$((rc | r1 | r2)); grep -E "^\|" "$OUT/bench.log"; echo "bench rc=$r1/$r2" ;;
+      rc=$((rc | r1 | r2)); grep -E "^\|" "$OUT/bench.log"; echo "bench rc=$r1/$r2"
+      cp bench/results/*"${MEGAMOE_COMMIT:-none}"* "$OUT/" 2>/dev/null ;;
     sanitize)
       for tool in memcheck racecheck; do
         for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256"; do
