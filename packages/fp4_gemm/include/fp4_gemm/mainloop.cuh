@@ -5,8 +5,9 @@
 //  - full[s]  : 1 arrive.expect_tx by producer thread 0 (TMA + bulk bytes) and one cp.async
 //               arrive (.noinc) per producer thread (kProducerThreads), each once its own token
 //               scale copies landed                                                 -> kFullArrivals.
-//  - empty[s] : one arrive per math warp once that warp no longer reads stage s (after
-//               wgmma.wait_group 0, so the tensor cores are done reading the token tile).
+//  - empty[s] : one arrive per math warp once that warp no longer reads stage s (after a
+//               wgmma.wait_group that covers the stage's wgmmas, so the tensor cores are done
+//               reading the token tile, and after its scale and weight loads from the stage).
 // Iteration i of the ring uses stage i % kNumStages with phase parity (i / kNumStages) & 1; the
 // producer waits on empty with the opposite parity (a fresh barrier counts as released).
 // The functions take all state (shared memory plan, barriers, iteration counter) from the caller,
@@ -376,7 +377,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 
 // ---------------------------------------------------------------- kRegs loop (all tiles of a CTA)
 // The math warpgroup walks the flat sequence of (tile, K block) of its CTA. A second copy of the
-// scheduler (the load cursor) runs kLoadAhead K blocks ahead of the compute cursor, across tile
+// scheduler (the load cursor) runs three K blocks ahead of the compute cursor, across tile
 // boundaries, so a tile's first fragments are in registers when its first wgmma is issued.
 // Per K block: wgmmas on fragments decoded one block earlier; under them, decode the next block
 // from raw bytes loaded two blocks earlier and load the raw bytes of the block after that.
