@@ -60,10 +60,8 @@ def reference_bf16_step_check(out, ref, what, bound=None, small=4096):
     return within, rel
 
 
-def gemm_reference(xq, xs, tw, row_groups):
-    """float64 out[r] = deq(x[r]) @ deq(W_g)^T, row_groups: list of (g, row_start, m)."""
-    xd = nm.dequantize_fp8(xq.cpu(), xs.cpu()).double()
-    wd = nm.dequantize_transformed(tw).double()
+def _grouped_matmul(xd, wd, row_groups):
+    """float64 out[r] = xd[r] @ wd[g]^T for the rows of each (g, row_start, m)."""
     if wd.dim() == 2:
         wd = wd[None]
     out = torch.zeros(xd.shape[0], wd.shape[1], dtype=torch.float64)
@@ -73,18 +71,18 @@ def gemm_reference(xq, xs, tw, row_groups):
     return out
 
 
+def gemm_reference(xq, xs, tw, row_groups):
+    """float64 out[r] = deq(x[r]) @ deq(W_g)^T, row_groups: list of (g, row_start, m)."""
+    return _grouped_matmul(nm.dequantize_fp8(xq.cpu(), xs.cpu()).double(),
+                           nm.dequantize_transformed(tw).double(), row_groups)
+
+
 def gemm_error_bound(xq, xs, tw, row_groups):
     """Per output element, how far an FP8 tensor-core GEMM may be from the float64 result: the
     tensor cores keep ~14 bits of their partial sums, taken as 2^-11 (3 bits of margin) of the sum
     of |products|. Large where products cancel."""
-    xa = nm.dequantize_fp8(xq.cpu(), xs.cpu()).double().abs()
-    wa = nm.dequantize_transformed(tw).double().abs()
-    if wa.dim() == 2:
-        wa = wa[None]
-    absum = torch.zeros(xa.shape[0], wa.shape[1], dtype=torch.float64)
-    for g, r0, m in row_groups:
-        if m:
-            absum[r0:r0 + m] = xa[r0:r0 + m] @ wa[g].T
+    absum = _grouped_matmul(nm.dequantize_fp8(xq.cpu(), xs.cpu()).double().abs(),
+                            nm.dequantize_transformed(tw).double().abs(), row_groups)
     return absum * 2.0 ** -11
 
 
