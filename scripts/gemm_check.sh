@@ -3,10 +3,7 @@
 #   scripts/gemm_check.sh [pytest -k expression]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export MEGAMOE_LIB_DIR="${MEGAMOE_LIB_DIR:-$PWD/build/lib}"
-export PYTHONPATH="$PWD/packages/fp4_gemm/python:$PWD/packages/megamoe/python:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source scripts/gpu_env.sh
 rc=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${STEP_TIMEOUT:-300}" python3 -m pytest -q -x -m gpu tests/fp4_gemm ${1:+-k "$1"} > "$OUT/gemm_tests.log" 2>&1; r=$?

@@ -3,6 +3,6 @@
 #   scripts/gemm_variants.sh "<case ...>" libdir1 libdir2 ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/packages/fp4_gemm/python:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh
 cases="$1"; shift
 for d in "$@"; do MEGAMOE_LIB_DIR="$PWD/$d" timeout 120 python3 bench/probe_gemm.py $cases; done

@@ -6,20 +6,10 @@
 #   scripts/gpu_check.sh [tests] [bench] [sanitize]      (default: tests bench)
 #   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT (default: git), PYTEST_ARGS,
 #        STEP_TIMEOUT (seconds per step, default 540)
-# An nvshmem4py wheel in .whl/ (carried: the GPU machine has no network) is installed without its
-# dependencies into /tmp/site so the NVSHMEM backend's tests and benchmark run too.
+# Environment (library folder, nvshmem4py wheel, multicast off, $OUT): scripts/gpu_env.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export MEGAMOE_LIB_DIR="${MEGAMOE_LIB_DIR:-$PWD/build/lib}"
-SITE=/tmp/site
-if ls .whl/nvshmem4py*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$SITE" .whl/nvshmem4py*.whl 2>&1 | tail -2
-fi
-export PYTHONPATH="$SITE:$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-# NVLink multicast stays off everywhere (shared hosts).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source scripts/gpu_env.sh
 T="${STEP_TIMEOUT:-540}"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 rc=0

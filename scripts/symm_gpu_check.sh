@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
 # symm_comm only, on a GPU machine, from the repo root over a build made elsewhere: every symm_comm GPU
 # test (1 rank and all ranks, both backends) then bench/comm.py (torch backend); logs and the bench
-# results (bench/results/comm-*) are copied to $OUT. Same environment as scripts/gpu_check.sh.
+# results (bench/results/comm-*) are copied to $OUT. Environment: scripts/gpu_env.sh.
 #   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT, TEST_TIMEOUT (200), BENCH_TIMEOUT (200),
 #        BENCH_ARGS (extra bench/comm.py arguments), SKIP_TESTS=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export MEGAMOE_LIB_DIR="${MEGAMOE_LIB_DIR:-$PWD/build/lib}"
-SITE=/tmp/site
-if ls .whl/nvshmem4py*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$SITE" .whl/nvshmem4py*.whl 2>&1 | tail -2
-fi
-export PYTHONPATH="$SITE:$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source scripts/gpu_env.sh
 rc=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

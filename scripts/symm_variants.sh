@@ -4,10 +4,7 @@
 # each variant's results go to $OUT/variants/<LAG>_<SPIN>/.   VARIANTS="2:64 8:1000 -1:1000"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export MEGAMOE_LIB_DIR="${MEGAMOE_LIB_DIR:-$PWD/build/lib}"
-export PYTHONPATH="/tmp/site:$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+source scripts/gpu_env.sh
 timeout 60 python3 bench/comm_stamps.py 1 128 4096 2>&1 | grep -E "^rank|Error" | tee "$OUT/stamps.log"
 for v in ${VARIANTS:-}; do
   lag=${v%%:*}; spin=${v##*:}; d="$OUT/variants/${lag}_${spin}"; mkdir -p "$d"
