@@ -53,6 +53,22 @@ def random_packed(G, N, K):
     return ops.PackedWeights(packed, row_scale, G, N, K)
 
 
+def gemm_call(lay, G, m, K, w, xq, xs, block_n=None, device="cuda"):
+    """A no-argument call of our grouped GEMM for one case: `lay` is contiguous, masked (G x m rows)
+    or l1 (contiguous with the SwiGLU -> FP8 epilogue; any packed weights are layout-valid L1
+    weights, and speed does not depend on the gate/up pairing)."""
+    if lay in ("contiguous", "l1"):
+        offs = torch.arange(0, G + 1, dtype=torch.int32, device=device) * m
+        if lay == "contiguous":
+            return lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs, block_n=block_n)
+        w.gate_up_interleave = True
+        topk_w = torch.rand(G * m, device=device)
+        return lambda: ops.grouped_gemm_l1(xq, xs, w, topk_w, group_offsets=offs, block_n=block_n)
+    mm = torch.full((G,), m, dtype=torch.int32, device=device)
+    xq3, xs3 = xq.view(G, m, K), xs.view(G, m, K // 128)
+    return lambda: ops.grouped_gemm(xq3, xs3, w, masked_m=mm, block_n=block_n)
+
+
 def bench_case(name, lay, G, m, N, K, peaks, weights="gaussian"):
     flops = 2.0 * G * m * N * K
     w = gaussian_packed(G, N, K) if weights == "gaussian" else random_packed(G, N, K)
@@ -60,19 +76,7 @@ def bench_case(name, lay, G, m, N, K, peaks, weights="gaussian"):
     x = torch.randn(G * m, K, device="cuda").to(torch.bfloat16)
     xq, xs = quantize_fp8(x)
     row = {"case": name, "weights": weights, "layout": lay, "groups": G, "m": m, "N": N, "K": K}
-    if lay == "contiguous":
-        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
-        fn = lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs)  # noqa: E731
-    elif lay == "l1":
-        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
-        w.gate_up_interleave = True  # random layout-valid weights; speed does not depend on the pairing
-        tw_ = torch.rand(G * m, device="cuda")
-        fn = lambda: ops.grouped_gemm_l1(xq, xs, w, tw_, group_offsets=offs)  # noqa: E731
-    else:
-        mm = torch.full((G,), m, dtype=torch.int32, device="cuda")
-        xq3, xs3 = xq.view(G, m, K), xs.view(G, m, K // 128)
-        fn = lambda: ops.grouped_gemm(xq3, xs3, w, masked_m=mm)  # noqa: E731
-    t = time_cuda(fn)
+    t = time_cuda(gemm_call(lay, G, m, K, w, xq, xs))
     ops.check_errors()
     act_bytes = xq.numel() + xs.numel() * 4 + G * m * N * 2
     row.update(ours_us=t * 1e6, ours_tflops=flops / t / 1e12, ours_vs_fp8_peak=flops / t / peaks["fp8"],

@@ -12,9 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import time_cuda  # noqa: E402
-from gemm import CASES, gaussian_packed  # noqa: E402
+from gemm import CASES, gaussian_packed, gemm_call  # noqa: E402
 
-from fp4_gemm import ops, quantize_fp8  # noqa: E402
+from fp4_gemm import quantize_fp8  # noqa: E402
 
 
 def main():
@@ -27,17 +27,7 @@ def main():
         torch.manual_seed(0)
         w = gaussian_packed(G, N, K)
         xq, xs = quantize_fp8(torch.randn(G * m, K, device="cuda").to(torch.bfloat16))
-        offs = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * m
-        if lay == "contiguous":
-            fn = lambda: ops.grouped_gemm(xq, xs, w, group_offsets=offs, block_n=bn)  # noqa: E731
-        elif lay == "l1":
-            w.gate_up_interleave = True
-            tw = torch.rand(G * m, device="cuda")
-            fn = lambda: ops.grouped_gemm_l1(xq, xs, w, tw, group_offsets=offs, block_n=bn)  # noqa: E731
-        else:
-            mm = torch.full((G,), m, dtype=torch.int32, device="cuda")
-            fn = lambda: ops.grouped_gemm(xq.view(G, m, K), xs.view(G, m, K // 128), w, masked_m=mm, block_n=bn)  # noqa: E731
-        t = time_cuda(fn)
+        t = time_cuda(gemm_call(lay, G, m, K, w, xq, xs, bn))
         wb = w.packed.numel() + w.row_scale.numel() * 4
         print(f"{tag:28s} {name:22s} {t * 1e6:9.1f} us  {2.0 * G * m * N * K / t / 1e12:7.1f} TFLOPS  "
               f"{wb / t / 1e9:7.1f} GB/s weights", flush=True)
