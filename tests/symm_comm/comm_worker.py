@@ -406,6 +406,37 @@ def run_all(backend, scenarios, res):
         ref = expected_combine(rank, idx, w, H, E, False)
         assert torch.equal(torch.from_dlpack(y.view(cupy.int16)), ref.view(torch.int16))
 
+    def large():
+        """T * K > 2048: the one-pass metadata (per-CTA token ranges, cross-CTA prefix per expert), mixed
+        with the small path on other ranks / calls; duplicate ids in a token (k order inside a token),
+        one hot expert, 1 and 3 CTAs (several walk batches per CTA), int32 ids, back-to-back calls."""
+        Eb, Hb, Tb = 64, 512, 640
+        big = symm_comm.Buffer(None, Eb, Hb, K, Tb, backend=backend, timeout_s=30.0)
+        try:
+            T = [Tb, 300, 200, 512][rank % 4]
+            x, s, idx, w = make_inputs(rank, T, Hb, Eb, K, gen)
+            idx[::3, 1] = idx[::3, 0]  # the same expert twice in a token: slots in k order
+            for layout in ("contiguous", "masked"):
+                one_round(big, x, s, idx, w, layout, weighted=True, a2a=True)
+            one_round(big, x, s, idx, w, "contiguous", idx_dtype=torch.int32)
+            xh, sh, ih, wh = make_inputs(rank, T, Hb, Eb, K, gen, neg_frac=0.0, hot_expert=Eb - 1)
+            one_round(big, xh, sh, ih, wh, "contiguous", weighted=True, a2a=True)
+            for sms in (1, 3):
+                big.num_sms = sms
+                one_round(big, x, s, idx, w, "contiguous", weighted=True)
+            big.num_sms = 0
+            for i in range(12):
+                Ti = int(torch.randint(0, Tb + 1, (1,), generator=gen, device=dev))
+                xi, si, ii, wi = make_inputs(rank, Ti, Hb, Eb, K, gen, neg_frac=0.15)
+                big.num_sms = (0, 5, 0, 2)[i % 4]
+                one_round(big, xi, si, ii, wi, "masked" if i % 3 == 2 else "contiguous", weighted=bool(i % 2),
+                          a2a=(i % 4 == 0), idx_dtype=torch.int32 if i % 4 == 1 else None)
+            big.num_sms = 0
+        finally:
+            torch.cuda.synchronize()
+            dist.barrier()
+            big.destroy()
+
     def pool_overflow():
         small = symm_comm.Buffer(None, 3 * R, 256, 3, 40, block_m=16, pool_rows=64, backend=backend, timeout_s=30.0)
         try:
@@ -462,6 +493,7 @@ def run_all(backend, scenarios, res):
         step("bad_expert", bad_expert)
         step("bad_args", bad_args)
         step("cupy", cupy_inputs)
+        step("large", large)
         step("many_calls", many_calls)
         step("pool_overflow", pool_overflow)
         step("timeout", timeout)

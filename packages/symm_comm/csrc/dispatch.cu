@@ -1,20 +1,26 @@
-// Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh.
-// One cooperative launch: stage + phase A push -> one-hop cross-rank barrier (no grid barrier) ->
-// phase B pull -> last CTA out publishes the epoch.
+// Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh
+// and symm_comm/metadata.cuh. One cooperative launch: stage + phase A push -> one-hop cross-rank
+// barrier -> phase B pull -> last CTA out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "launch.h"
 #include "symm_api.h"
 #include "symm_comm/symm_comm.cuh"
 
 namespace {
+int env_int(const char* name, int dflt) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 constexpr int kPullUnroll = 16;  // a whole row (H <= 8192) per lane batch: one round trip per row
+constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
 
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
-                         uint64_t timeout_ns) {
+                         uint64_t timeout_ns, int onepass) {
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -30,17 +36,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
   if (st0) stamp(local, L, 0);
-  // Phase A
-  clear_combine_buckets(W, L, local);
-  stage_inputs<IdxT>(W, L, local, a, err);
-  if ((int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
-  else push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
+  // Phase A. Large T (the default): warp 0 of the first G CTAs pushes the metadata in one pass over
+  // its CTA's token range (its shared memory: the tables' space, built only after the barrier) while
+  // every other warp stages the inputs.
+  const bool small = (int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds;
+  const int G = (small || !onepass) ? 0 : (gridDim.x < SYMM_META_MAX_GROUPS ? (int)gridDim.x : SYMM_META_MAX_GROUPS);
+  bool meta_ok = true;
+  if (W.warp == 0 && (int)blockIdx.x < G) {
+    meta_ok = push_metadata_onepass<IdxT>(W, L, s_peers, local, a, G, smem, deadline, err);
+  } else {
+    const Stagers sg = Stagers::of(W, G);
+    clear_combine_buckets(sg, L, local);
+    stage_inputs<IdxT>(sg, L, local, a, err);
+  }
+  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
+  else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
 
   // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
   // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
+  __syncthreads();  // stamp 1 = CTA 0's whole phase A (metadata warp and stagers)
   if (st0) stamp(local, L, 1);
   if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
-                               SYMM_PHASE_DISPATCH_RANKS)) {
+                               SYMM_PHASE_DISPATCH_RANKS, meta_ok)) {
     if (st0) stamp(local, L, 2);
     // Phase B
     build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
@@ -68,6 +85,7 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
     state_epoch(local, L)[SYMM_OP_DISPATCH] = e_d;
     state_epoch(local, L)[SYMM_OP_COMBINE] = e_c;
     for (int op = 0; op < SYMM_NUM_OPS; ++op) *state_grid_bar(local, L, op) = 0u;
+    *at<uint32_t>(local, L.off_state + SYMM_STATE_META_BAR) = 0u;  // a timed-out metadata barrier leaves it mid-count
     for (int w = 0; w < SYMM_ERR_WORDS; ++w) state_err(local, L)[w] = 0;
   }
   const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
@@ -99,12 +117,17 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
   symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0};
-  const size_t smem = (size_t)symm_tables_smem_ints(&L) * 4;
+  // SYMM_META_ONEPASS=0: the older two-pass metadata scan for large T (A/B measurements, fallback).
+  // The one-pass scan keeps one count per expert in shared memory; beyond kMaxMetaSmem it is not used.
+  static const int onepass_env = env_int("SYMM_META_ONEPASS", 1);
+  const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
+  const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
+  const size_t smem = (size_t)(onepass && meta > tables ? meta : tables) * 4;
   if (idx_bytes == 8)
     return symm_host::launch_coop(symm_dispatch_kernel<int64_t>, kThreads, smem, num_sms, stream, L, peers, a,
-                                  host_err, (uint64_t)timeout_ns);
+                                  host_err, (uint64_t)timeout_ns, onepass);
   return symm_host::launch_coop(symm_dispatch_kernel<int32_t>, kThreads, smem, num_sms, stream, L, peers, a, host_err,
-                                (uint64_t)timeout_ns);
+                                (uint64_t)timeout_ns, onepass);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

@@ -34,6 +34,35 @@ __device__ __forceinline__ bool grid_barrier_leader(uint32_t* bar, bool first_gr
   return true;
 }
 
+// Grid barrier among the first n groups, run by ONE warp per group, for data local to this GPU
+// (dispatch's one-pass metadata scan). gpu scope on purpose: a fence.sys would also wait for the
+// warp's outstanding peer stores, which the cross-rank barrier orders later anyway.
+// Contract: every lane fences (fence.acq_rel.gpu) its own writes, __syncwarp, lane 0 arrives with
+// atom.add.acq_rel.gpu (same increments as grid_barrier_leader: each completed barrier adds exactly
+// 2^31, so the word needs no reset and any n works), then EVERY lane polls with its own
+// ld.acquire.gpu until bit 31 flipped: each lane's later loads are ordered after all n groups'
+// pre-barrier writes without relying on __syncwarp for cumulativity. Time limit: lane 0 reports
+// (what = -1, detail = the word) and every lane returns false.
+__device__ __forceinline__ bool warp_grid_barrier_gpu(uint32_t* bar, bool first_group, uint32_t n, int lane,
+                                                      uint64_t deadline, const ErrSink& err, int phase) {
+  ptx::fence_acq_rel_gpu();
+  __syncwarp();
+  uint32_t old = 0;
+  if (lane == 0) old = ptx::atom_add_acq_rel_gpu_u32(bar, first_group ? (0x80000000u - (n - 1u)) : 1u);
+  old = __shfl_sync(0xffffffffu, old, 0);
+  int spins = 0;
+  uint32_t cur;
+  while (!__all_sync(0xffffffffu, (((cur = ptx::ld_acquire_gpu_u32(bar)) ^ old) & 0x80000000u) != 0)) {
+    bool late = false;
+    if (lane == 0 && (++spins & 63) == 0) late = timed_out(deadline);
+    if (__shfl_sync(0xffffffffu, late, 0)) {
+      if (lane == 0) report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Thread `r` (r < num_ranks) of ONE group publishes `epoch` to rank r's signal slot for this rank.
 __device__ __forceinline__ void rank_signal(const uint64_t* peers, const SymmLayout& L, int op, uint64_t epoch,
                                             int r) {
@@ -68,12 +97,15 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 // The waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before
 // its arrival visible: the metadata s pushed here and the staging it will read from.
 // All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
-// what = the rank waited for).
+// what = the rank waited for). arrive = false in any thread (its part of phase A failed, error
+// reported): the CTA neither arrives nor waits, so the peers time out instead of reading incomplete
+// data (a timeout always needs resync(), which resets the signals).
 __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
                                                          const SymmLayout& L, int op, uint64_t epoch,
-                                                         uint64_t deadline, const ErrSink& err, int phase) {
+                                                         uint64_t deadline, const ErrSink& err, int phase,
+                                                         bool arrive = true) {
   ptx::fence_acq_rel_sys();
-  __syncthreads();
+  if (!__syncthreads_and(arrive)) return false;
   const int r = threadIdx.x;
   if (r < L.num_ranks) {
     const uint64_t inc = blockIdx.x == 0 ? ((uint64_t)1 << 32) - (uint64_t)(gridDim.x - 1) : (uint64_t)1;

@@ -46,7 +46,7 @@ __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src
 
 // All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4). Each
 // thread keeps kGridCopyUnroll loads in flight: one per thread cannot cover the HBM latency.
-constexpr int kGridCopyUnroll = 4;
+constexpr int kGridCopyUnroll = 6;
 __device__ __forceinline__ void grid_copy_bytes(void* dst, const void* src, int64_t nbytes, int64_t gtid,
                                                 int64_t gthreads) {
   const int64_t n16 = nbytes / 16;

@@ -1,10 +1,12 @@
 // symm_comm/dispatch.cuh — expert-granular EP dispatch, as device functions a fused kernel can run
 // inside its own warps (all state from the caller). The standalone kernel (csrc/dispatch.cu) is:
-//   stage_inputs + push_metadata  ->  grid barrier + cross-rank barrier  ->  build_pool_tables
-//   -> publish_layout (group 0) -> pad_blocks -> pull_rows.
+//   stage_inputs (+ push_metadata_* of metadata.cuh, concurrently in one warp per CTA for large T)
+//   -> one-hop cross-rank barrier -> build_pool_tables -> publish_layout (group 0) -> pad_blocks
+//   -> pull_rows.
 // Phase A (push): each source rank scans its topk_idx and writes, into the OWNER of each expert
 //   (rank e / L), the count and the (token * K + k) of every slot of (local expert, source); slots in
-//   row-major (token, k) order. The source also stages x / scales / weights in its own buffer.
+//   row-major (token, k) order (metadata.cuh). The source also stages x / scales / weights in its own
+//   buffer.
 // Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
 //   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
 #pragma once
@@ -12,6 +14,7 @@
 #include "symm_comm/copy.cuh"
 #include "symm_comm/errors.cuh"
 #include "symm_comm/layout.cuh"
+#include "symm_comm/metadata.cuh"
 #include "symm_comm/pool.cuh"
 #include "symm_comm/ptx.cuh"
 #include "symm_comm/workers.cuh"
@@ -19,29 +22,25 @@
 #if defined(__CUDACC__)
 namespace symm {
 
-struct DispatchArgs {
-  const void* x;         // FP8 [T, H] contiguous (16-byte aligned)
-  const float* scales;   // FP32 [T, H / 128] contiguous
-  const void* topk_idx;  // int32 or int64 [T, K] contiguous
-  const float* topk_w;   // FP32 [T, K] contiguous (may be null: weights 0... staged as 0)
-  int32_t num_tokens;    // T of this rank, <= L.max_tokens
-  int32_t masked;        // 0 contiguous, 1 masked pool layout
-  int32_t parity;        // epoch & 1
-  int32_t pad_;
+// The threads that stage the inputs, as one flat index gt in [0, nt): every thread of the grid except
+// warp 0 of the first `meta_groups` groups (those run push_metadata_onepass meanwhile; 0: all threads).
+struct Stagers {
+  int64_t gt, nt;
+  __device__ __forceinline__ static Stagers of(const Workers& W, int meta_groups) {
+    const int64_t g = W.group, nthr = W.nthreads(), mg = meta_groups;
+    const int64_t skipped_before = (g < mg ? g : mg) * 32;  // metadata lanes in groups before this one
+    const int64_t own = g < mg ? W.tid() - 32 : W.tid();    // -1..-32: this thread is a metadata lane
+    return Stagers{g * nthr - skipped_before + own, W.total_threads() - mg * 32};
+  }
 };
 
+// Stagers: stage this rank's x / scales / weights into its own buffer half `parity`, build the
+// per-token mask of valid k, and report out-of-range expert ids.
 template <typename IdxT>
-__device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
-  return (int64_t)__ldg(reinterpret_cast<const IdxT*>(p) + i);
-}
-
-// Grid-wide (all groups): stage this rank's x / scales / weights into its own buffer half `parity`,
-// build the per-token mask of valid k, and report out-of-range expert ids.
-template <typename IdxT>
-__device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout& L, uint64_t local,
+__device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout& L, uint64_t local,
                                              const DispatchArgs& a, const ErrSink& err) {
   const int64_t T = a.num_tokens, H = L.hidden, K = L.topk, S = L.scale_cols;
-  const int64_t gt = W.gthread(), nt = W.total_threads();
+  const int64_t gt = st.gt, nt = st.nt;
   uint8_t* sx = stage_x(local, L, a.parity);
   if (a.x != sx) grid_copy_bytes(sx, a.x, T * H, gt, nt);
   float* ss = stage_s(local, L, a.parity);
@@ -73,118 +72,12 @@ __device__ __forceinline__ void stage_inputs(const Workers& W, const SymmLayout&
   }
 }
 
-// m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
-// by the count pass and the slot pass of push_metadata.
-template <int U, typename IdxT>
-__device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, int64_t end, int e, int lane,
-                                          bool (&m)[U]) {
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t i = base + u * 32 + lane;
-    m[u] = i < end && load_idx<IdxT>(topk_idx, i) == e;
-  }
-}
-
-// Phase A metadata push. Group g handles global experts e = g, g + ngroups, ...: a two-pass ballot
-// scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives every match its slot
-// in row-major order; slots go to the owner's meta_slots, the count to its meta_count.
-// scratch: >= nwarps + 1 ints of shared memory private to the group.
-template <typename IdxT>
-__device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                              const DispatchArgs& a, int32_t* scratch, const ErrSink& err) {
-  constexpr int U = 16;  // ids loaded per lane per step: a warp's chunk is 2048 ids at T = 4096, K = 8
-  const int64_t N = (int64_t)a.num_tokens * L.topk;
-  const int Lx = L.num_local_experts;
-  const int64_t chunk = ((N + W.nwarps - 1) / W.nwarps + 31) / 32 * 32;
-  const int64_t beg = W.warp * chunk, end = beg + chunk < N ? beg + chunk : N;
-  const uint32_t lt = (1u << W.lane) - 1u;
-  for (int e = W.group; e < L.num_experts; e += W.ngroups) {
-    const int owner = e / Lx, le = e % Lx;
-    // pass 1: count
-    int32_t cnt = 0;
-    for (int64_t base = beg; base < end; base += 32 * U) {
-      bool m[U];
-      match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
-#pragma unroll
-      for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, m[u]));
-    }
-    if (W.lane == 0) scratch[W.warp] = cnt;
-    W.sync();
-    if (W.tid() == 0) {
-      int32_t acc = 0;
-      for (int w = 0; w < W.nwarps; ++w) {
-        const int32_t c = scratch[w];
-        scratch[w] = acc;
-        acc += c;
-      }
-      scratch[W.nwarps] = acc;
-    }
-    W.sync();
-    // pass 2: slots (peer stores)
-    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t run = scratch[W.warp];
-    const int32_t total = scratch[W.nwarps];
-    if (cnt > 0) {
-      for (int64_t base = beg; base < end; base += 32 * U) {
-        bool m[U];
-        match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
-          const int32_t slot = run + __popc(b & lt);
-          if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
-          run += __popc(b);
-        }
-      }
-    }
-    if (W.tid() == 0) {
-      meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = total < L.max_tokens ? total : L.max_tokens;
-      if (total > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, total);
-    }
-    W.sync();  // scratch reuse
-  }
-}
-
-// Phase A metadata push for small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert
-// scans all N ids in one pass (the running ballot count is the slot, no second pass, no group
-// barrier, no cross-warp scan): same slots (row-major order), same counts, same errors as
-// push_metadata. Warps: all warps of the grid (W.gwarp()).
-constexpr int64_t kMetaWarpMaxIds = 2048;
-template <typename IdxT>
-__device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                                   const DispatchArgs& a, const ErrSink& err) {
-  constexpr int U = 16;
-  const int64_t N = (int64_t)a.num_tokens * L.topk;
-  const int Lx = L.num_local_experts;
-  const uint32_t lt = (1u << W.lane) - 1u;
-  for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
-    const int e = (int)ew, owner = e / Lx, le = e % Lx;
-    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t run = 0;
-    for (int64_t base = 0; base < N; base += 32 * U) {
-      bool m[U];
-      match_ids<U, IdxT>(a.topk_idx, base, N, e, W.lane, m);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
-        const int32_t slot = run + __popc(b & lt);
-        if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
-        run += __popc(b);
-      }
-    }
-    if (W.lane == 0) {
-      meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = run < L.max_tokens ? run : L.max_tokens;
-      if (run > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, run);
-    }
-  }
-}
-
 // Phase A: clears this dispatch's combine buckets (cmb_hist). Local; ordered before any CTA's pull
 // (which counts into them) by the cross-rank barrier, whose arrivals include this rank's own CTAs.
-__device__ __forceinline__ void clear_combine_buckets(const Workers& W, const SymmLayout& L, uint64_t local) {
+__device__ __forceinline__ void clear_combine_buckets(const Stagers& st, const SymmLayout& L, uint64_t local) {
   int32_t* h = cmb_hist(local, L);
   const int64_t n = (int64_t)L.num_ranks * L.num_chunks;
-  for (int64_t i = W.gthread(); i < n; i += W.total_threads()) h[i] = 0;
+  for (int64_t i = st.gt; i < n; i += st.nt) h[i] = 0;
 }
 
 // Checks the pool capacity; returns false (and reports, group 0 only) if the rows do not fit.

@@ -14,6 +14,9 @@
 //   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
 //   stage_w      f32 [2][T][K]                  top-k weights
 //   kmask        u32 [T]                        local: bit k of token t = topk_idx[t, k] valid
+//   meta_scan    i32 [G_max][E]                 local: dispatch phase A, per-CTA expert counts of its own
+//                                               token range, then their exclusive prefix over CTAs
+//                                               (G_max = SYMM_META_MAX_GROUPS; metadata.cuh)
 //   cmb_hist     i32 [R][C]                     local: pool rows of (source s, token chunk c) of the last
 //                                               dispatch (C = num_chunks, chunk = combine_chunk tokens)
 //   cmb_order    i32 [R][C][chunk * K]          local: those pool rows (bucket (s, c) holds <= chunk * K)
@@ -36,17 +39,19 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 2
+#define SYMM_LAYOUT_VERSION 3
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
 #define SYMM_REGION_ALIGN 1024
 #define SYMM_STATE_BYTES 256
 #define SYMM_MAX_TOPK 32    // kmask is a u32
+#define SYMM_META_MAX_GROUPS 256  // CTAs that take part in dispatch's one-pass metadata scan (rows of meta_scan)
 
 // State words (byte offsets inside the state region).
 #define SYMM_STATE_EPOCH 0        // u64 [SYMM_NUM_OPS]: last completed epoch per op
 #define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: end-of-kernel arrival words (flip bit 31)
+#define SYMM_STATE_META_BAR 72    // u32: grid barrier word of dispatch's one-pass metadata (flip bit 31)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
 #define SYMM_STATE_STAMPS 160     // u64 [12]: %globaltimer per stage of the last call (diagnostics, CTA 0 +
                                   // last CTA out): [0..5] dispatch, [6..11] combine; see csrc/*.cu
@@ -66,6 +71,7 @@ typedef struct SymmLayout {
   int64_t off_stage_s;
   int64_t off_stage_w;
   int64_t off_kmask;
+  int64_t off_meta_scan;
   int64_t off_cmb_hist;
   int64_t off_cmb_order;
   int64_t off_cmb_arr;
@@ -171,6 +177,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
   SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
   SYMM_REGION(off_kmask, T * 4)
+  SYMM_REGION(off_meta_scan, (int64_t)SYMM_META_MAX_GROUPS * E * 4)
   SYMM_REGION(off_cmb_hist, R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_order, R * L->num_chunks * chunk * K * 4)
   SYMM_REGION(off_cmb_arr, 2 * L->cmb_arr_half)

@@ -8,7 +8,7 @@ from ._native import NativeLib
 
 c_i64, c_int, c_vp, c_u64 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 ERR_WORDS = 8
 
 
@@ -17,7 +17,7 @@ class SymmLayout(ctypes.Structure):
     sizeof at load time (symm_layout_size)."""
     _fields_ = [(n, ctypes.c_int64) for n in (
         "total_bytes", "pool_rows", "off_signals", "off_state", "off_meta_count", "off_meta_slots",
-        "off_stage_x", "off_stage_s", "off_stage_w", "off_kmask", "off_cmb_hist", "off_cmb_order", "off_cmb_arr",
+        "off_stage_x", "off_stage_s", "off_stage_w", "off_kmask", "off_meta_scan", "off_cmb_hist", "off_cmb_order", "off_cmb_arr",
         "off_src_counts", "off_exp_counts",
         "off_exp_offsets", "off_arrivals", "off_row_src", "off_pool_x", "off_pool_s", "off_pool_w",
         "off_combine", "meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half",

@@ -1,0 +1,264 @@
+// symm_comm/metadata.cuh — dispatch phase A metadata: for every expert e, the source writes into the
+// OWNER of e (rank e / L) the count and the slots of (local expert, this source): slot j holds the
+// flat id (token * K + k) of the j-th id routed to e in row-major (token, k) order. The pool order,
+// and so every row the tests check, follows from that order; all three variants below produce the
+// same slots, counts and errors:
+//   push_metadata_warp    (N = T * K <= kMetaWarpMaxIds): one warp per expert, one pass over all ids;
+//   push_metadata_onepass (larger N): one warp per group, one pass over the group's OWN token range,
+//                         a cross-group prefix per expert through the meta_scan region (the default);
+//   push_metadata         (larger N, SYMM_META_ONEPASS=0): the older two-pass scan of ALL ids per expert
+//                         (kept for A/B measurements and as a fallback).
+#pragma once
+#include <stdint.h>
+#include "symm_comm/barrier.cuh"
+#include "symm_comm/errors.cuh"
+#include "symm_comm/layout.cuh"
+#include "symm_comm/ptx.cuh"
+#include "symm_comm/workers.cuh"
+
+// Shared-memory ints of the one-pass metadata (host and device): one running count per expert.
+SYMM_LAYOUT_HD int64_t symm_meta_smem_ints(const SymmLayout* L) { return L->num_experts; }
+
+#if defined(__CUDACC__)
+namespace symm {
+
+struct DispatchArgs {
+  const void* x;         // FP8 [T, H] contiguous (16-byte aligned)
+  const float* scales;   // FP32 [T, H / 128] contiguous
+  const void* topk_idx;  // int32 or int64 [T, K] contiguous
+  const float* topk_w;   // FP32 [T, K] contiguous (may be null: weights 0... staged as 0)
+  int32_t num_tokens;    // T of this rank, <= L.max_tokens
+  int32_t masked;        // 0 contiguous, 1 masked pool layout
+  int32_t parity;        // epoch & 1
+  int32_t pad_;
+};
+
+template <typename IdxT>
+__device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
+  return (int64_t)__ldg(reinterpret_cast<const IdxT*>(p) + i);
+}
+
+// Reports a slot overflow and returns the count to publish (min(total, max_tokens)).
+__device__ __forceinline__ int32_t clamp_count(const SymmLayout& L, int e, int32_t total, const ErrSink& err) {
+  if (total > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, total);
+  return total < L.max_tokens ? total : L.max_tokens;
+}
+
+// m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
+// by the count pass and the slot pass of push_metadata.
+template <int U, typename IdxT>
+__device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, int64_t end, int e, int lane,
+                                          bool (&m)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = base + u * 32 + lane;
+    m[u] = i < end && load_idx<IdxT>(topk_idx, i) == e;
+  }
+}
+
+// Two-pass metadata push (SYMM_META_ONEPASS=0). Group g handles global experts e = g, g + ngroups,
+// ...: a two-pass ballot scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives
+// every match its slot in row-major order. Reads all T * K ids twice per expert: 134 MB of L2 reads at
+// T 4096, E 256 (int64 ids), the reason for push_metadata_onepass.
+// scratch: >= nwarps + 1 ints of shared memory private to the group.
+template <typename IdxT>
+__device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                              const DispatchArgs& a, int32_t* scratch, const ErrSink& err) {
+  constexpr int U = 16;  // ids loaded per lane per step: a warp's chunk is 2048 ids at T = 4096, K = 8
+  const int64_t N = (int64_t)a.num_tokens * L.topk;
+  const int Lx = L.num_local_experts;
+  const int64_t chunk = ((N + W.nwarps - 1) / W.nwarps + 31) / 32 * 32;
+  const int64_t beg = W.warp * chunk, end = beg + chunk < N ? beg + chunk : N;
+  const uint32_t lt = (1u << W.lane) - 1u;
+  for (int e = W.group; e < L.num_experts; e += W.ngroups) {
+    const int owner = e / Lx, le = e % Lx;
+    // pass 1: count
+    int32_t cnt = 0;
+    for (int64_t base = beg; base < end; base += 32 * U) {
+      bool m[U];
+      match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
+#pragma unroll
+      for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, m[u]));
+    }
+    if (W.lane == 0) scratch[W.warp] = cnt;
+    W.sync();
+    if (W.tid() == 0) {
+      int32_t acc = 0;
+      for (int w = 0; w < W.nwarps; ++w) {
+        const int32_t c = scratch[w];
+        scratch[w] = acc;
+        acc += c;
+      }
+      scratch[W.nwarps] = acc;
+    }
+    W.sync();
+    // pass 2: slots (peer stores)
+    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t run = scratch[W.warp];
+    const int32_t total = scratch[W.nwarps];
+    if (cnt > 0) {
+      for (int64_t base = beg; base < end; base += 32 * U) {
+        bool m[U];
+        match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+          const int32_t slot = run + __popc(b & lt);
+          if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
+          run += __popc(b);
+        }
+      }
+    }
+    if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
+    W.sync();  // scratch reuse
+  }
+}
+
+// Small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert scans all N ids in one pass
+// (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan).
+// Warps: all warps of the grid (W.gwarp()).
+constexpr int64_t kMetaWarpMaxIds = 2048;
+template <typename IdxT>
+__device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                   const DispatchArgs& a, const ErrSink& err) {
+  constexpr int U = 16;
+  const int64_t N = (int64_t)a.num_tokens * L.topk;
+  const int Lx = L.num_local_experts;
+  const uint32_t lt = (1u << W.lane) - 1u;
+  for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
+    const int e = (int)ew, owner = e / Lx, le = e % Lx;
+    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t run = 0;
+    for (int64_t base = 0; base < N; base += 32 * U) {
+      bool m[U];
+      match_ids<U, IdxT>(a.topk_idx, base, N, e, W.lane, m);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+        const int32_t slot = run + __popc(b & lt);
+        if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
+        run += __popc(b);
+      }
+    }
+    if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
+  }
+}
+
+// ---- one pass per group over its own token range --------------------------------------------------
+// Groups g < G = min(ngroups, SYMM_META_MAX_GROUPS) own the tokens [g * tpg, (g + 1) * tpg) (tpg =
+// ceil(T / G)): contiguous flat-id ranges, ascending in g. For a flat id i of group g routed to e:
+//   slot(i) = #{i' < i : id[i'] == e} = pre[g][e] + #{i' in g's range, i' < i : id[i'] == e},
+//   pre[g][e] = sum_{g' < g} count[g'][e].
+// Steps (ONE warp per group; the group's other warps stage the inputs meanwhile):
+//   1. count: walk the range, run[e] = count[g][e] (shared memory);       -> meta_scan[g][e]
+//   2. grid barrier (gpu scope, local data only)
+//   3. column scan: group g owns experts e = g, g + G, ...: meta_scan[.][e] -> exclusive prefix in place
+//      (only the column's owner touches it between the barriers); the total -> the owner rank's
+//      meta_count (slot overflow reported here)
+//   4. grid barrier; run[e] = meta_scan[g][e] = pre[g][e]
+//   5. walk the range again: slot = run[e] + rank among this step's lanes with the same e (match.any,
+//      lanes in id order); run[e] += their number; slots stored into the owner rank (peer stores).
+// L2 traffic: 2 x N ids + 3 x G x E ints (~0.9 MB at T 4096, E 256, G 132) instead of 2 x E x N ids.
+// Peer stores (meta_slots, meta_count) are ordered before the owner's reads by the dispatch's one-hop
+// cross-rank barrier (every thread's fence.acq_rel.sys there), as in the other variants.
+constexpr int kMetaWalkBatch = 8;  // ids loaded per lane per batch: 256 per warp = one group's range at T 4096
+
+// Walks flat ids [beg, end) in order, 32 consecutive ids per step (lane l = id base + l). For each valid
+// id (0 <= e < E) routed to e: slot = run[e] + #(lower lanes of the step with the same e); then run[e]
+// += #(lanes with e). kSlots: store the slot into the owner (< max_tokens; overflow is reported by the
+// column scan). run: shared memory private to this warp.
+template <typename IdxT, bool kSlots>
+__device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
+                                          int64_t beg, int64_t end, int32_t* run, int lane) {
+  const int E = L.num_experts, Lx = L.num_local_experts;
+  const uint32_t lt = (1u << lane) - 1u;
+  for (int64_t base = beg; base < end; base += 32 * kMetaWalkBatch) {
+    int32_t ev[kMetaWalkBatch];
+#pragma unroll
+    for (int u = 0; u < kMetaWalkBatch; ++u) {
+      const int64_t i = base + u * 32 + lane;
+      const int64_t e = i < end ? load_idx<IdxT>(a.topk_idx, i) : -1;
+      ev[u] = (e >= 0 && e < E) ? (int32_t)e : -1;  // invalid ids (-1, out of range: reported by kmask) skip
+    }
+#pragma unroll
+    for (int u = 0; u < kMetaWalkBatch; ++u) {
+      const int32_t e = ev[u];
+      const uint32_t same = __match_any_sync(0xffffffffu, e);
+      const int32_t before = e >= 0 ? run[e] : 0;
+      __syncwarp();  // every lane read run[e] before the step's leader updates it
+      if (e >= 0 && (same & lt) == 0) run[e] = before + __popc(same);
+      __syncwarp();  // the update is visible to the next step
+      if (kSlots && e >= 0) {
+        const int32_t slot = before + __popc(same & lt);
+        if (slot < L.max_tokens)
+          meta_slots(peers[e / Lx], L, a.parity, e % Lx, L.rank)[slot] = (int32_t)(base + u * 32 + lane);
+      }
+    }
+  }
+}
+
+// Step 3 for column e: exclusive prefix over groups g' < G of meta_scan[g'][e], in place; returns the
+// total (all lanes). Values were written by other CTAs before the barrier: ld.relaxed.gpu (never a
+// stale L1 line), after this lane's own acquire in warp_grid_barrier_gpu.
+__device__ __forceinline__ int32_t meta_column_scan(int32_t* col, int64_t stride, int G, int lane) {
+  constexpr int kRegs = SYMM_META_MAX_GROUPS / 32;
+  int32_t v[kRegs];
+#pragma unroll
+  for (int u = 0; u < kRegs; ++u) {
+    const int g = u * 32 + lane;
+    v[u] = g < G ? ptx::ld_relaxed_gpu_s32(col + g * stride) : 0;
+  }
+  int32_t carry = 0;
+#pragma unroll
+  for (int u = 0; u < kRegs; ++u) {
+    int32_t incl = v[u];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const int g = u * 32 + lane;
+    if (g < G) col[g * stride] = carry + incl - v[u];
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return carry;
+}
+
+// The one-pass metadata push, run by ONE warp (W.lane) of each group g = W.group < G; G must be the same
+// in every participating group. run: num_experts ints of shared memory private to the warp. Returns
+// false (timeout reported, phase DISPATCH_GRID) if a grid barrier timed out; the caller must then not
+// signal the rank barrier (the peers then time out instead of reading incomplete metadata).
+template <typename IdxT>
+__device__ __forceinline__ bool push_metadata_onepass(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                      uint64_t local, const DispatchArgs& a, int G, int32_t* run,
+                                                      uint64_t deadline, const ErrSink& err) {
+  const int E = L.num_experts, K = L.topk, Lx = L.num_local_experts, g = W.group, lane = W.lane;
+  const int64_t T = a.num_tokens;
+  const int64_t tpg = (T + G - 1) / G;
+  const int64_t t0 = g * tpg < T ? g * tpg : T, t1 = t0 + tpg < T ? t0 + tpg : T;
+  int32_t* scan = at<int32_t>(local, L.off_meta_scan);  // [SYMM_META_MAX_GROUPS][E]
+  uint32_t* bar = at<uint32_t>(local, L.off_state + SYMM_STATE_META_BAR);
+
+  // 1. counts of this group's range
+  for (int e = lane; e < E; e += 32) run[e] = 0;
+  __syncwarp();
+  meta_walk<IdxT, false>(L, peers, a, t0 * K, t1 * K, run, lane);
+  for (int e = lane; e < E; e += 32) scan[(int64_t)g * E + e] = run[e];
+  // 2.
+  if (!warp_grid_barrier_gpu(bar, g == 0, (uint32_t)G, lane, deadline, err, SYMM_PHASE_DISPATCH_GRID)) return false;
+  // 3. column scans of the experts this group owns
+  for (int e = g; e < E; e += G) {
+    const int32_t total = meta_column_scan(scan + e, E, G, lane);
+    if (lane == 0) meta_count(peers[e / Lx], L, a.parity)[(e % Lx) * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
+  }
+  // 4.
+  if (!warp_grid_barrier_gpu(bar, g == 0, (uint32_t)G, lane, deadline, err, SYMM_PHASE_DISPATCH_GRID)) return false;
+  for (int e = lane; e < E; e += 32) run[e] = ptx::ld_relaxed_gpu_s32(scan + (int64_t)g * E + e);
+  __syncwarp();
+  // 5. slots
+  meta_walk<IdxT, true>(L, peers, a, t0 * K, t1 * K, run, lane);
+  return true;
+}
+
+}  // namespace symm
+#endif
