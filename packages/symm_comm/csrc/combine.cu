@@ -52,9 +52,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < L.num_ranks)
       ptx::st_release_sys_u64(signals(s_peers[threadIdx.x], L, SYMM_OP_COMBINE) + L.rank, epoch);
   }
-  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, epoch - 1, threadIdx.x, deadline, err,
-                                 SYMM_PHASE_COMBINE_RANKS);
-
+  // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
+  // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.
   CombineSchedule sched = CombineSchedule::carve(smem, L);
   build_combine_schedule(W, L, local, num_tokens, lag_mult, sched);
   const int32_t used = __ldg(at<int32_t>(local, L.off_exp_offsets) + L.num_local_experts);  // from dispatch
@@ -62,6 +61,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
     report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
+  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, epoch - 1, threadIdx.x, deadline, err,
+                                 SYMM_PHASE_COMBINE_RANKS);
+  // WAR guard (above): every thread's peer stores in combine_run come after this bar.sync, which
+  // follows thread r's ld.acquire.sys of rank r's signal.
   const bool go = __syncthreads_and(started);
   if (st0) stamp(local, L, 7);
   if (go)

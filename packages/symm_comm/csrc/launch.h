@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "symm_api.h"
 #include "symm_comm/layout.cuh"
 #include "symm_comm/pool.cuh"
@@ -14,6 +15,19 @@ inline int check_layout(const SymmLayout* L) {
   if (!L || L->version != SYMM_LAYOUT_VERSION || L->num_ranks < 1 || L->num_ranks > 64 || L->total_bytes <= 0)
     return SYMM_ELAYOUT;
   return SYMM_OK;
+}
+
+// SYMM_COOP_LAUNCH=0: a regular launch of the same grid instead of a cooperative one (a measurement
+// knob for the launch gap between back-to-back kernels, docs/perf-notes-symm_comm.md). The grid never
+// exceeds the co-resident capacity, so on a GPU running nothing else every CTA is resident, as the
+// kernels need (their CTAs wait on each other); if one is not, the waits time out with an error
+// instead of hanging. Default: cooperative (residency guaranteed by the driver).
+inline bool coop_launch() {
+  static const bool coop = [] {
+    const char* v = getenv("SYMM_COOP_LAUNCH");
+    return !(v && *v && atoi(v) == 0);
+  }();
+  return coop;
 }
 
 // Cooperative launch of `kernel` over min(num_sms, co-resident capacity) CTAs of `threads`.
@@ -36,7 +50,10 @@ int launch_coop(Kernel kernel, int threads, size_t smem, int num_sms, cudaStream
   int grid = (num_sms > 0 && num_sms < sms) ? num_sms : sms;
   if (grid > sms * per_sm) grid = sms * per_sm;
   void* argv[] = {reinterpret_cast<void*>(&args)...};
-  e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(threads), argv, smem, stream);
+  e = coop_launch() ? cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(threads),
+                                                  argv, smem, stream)
+                    : cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(threads), argv, smem,
+                                       stream);
   if (e != cudaSuccess) return (int)e;
   return (int)cudaGetLastError();
 }

@@ -61,35 +61,43 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   const int32_t* hg = cmb_hist(local, L);
   const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
   for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(__ldg(hg + i), 0), cap);
-  if (W.tid() == 0) s.scratch[40] = 0;
+  if (W.tid() == 0) s.scratch[40] = s.scratch[41] = 0;
   W.sync();
   for (int c = W.tid(); c < C; c += W.nthreads()) {
     int32_t p = 0;
     for (int r = 0; r < R; ++r) p += s.hist[r * C + c];
     s.psz[c] = p;
-    if (p) atomicAdd(s.scratch + 40, p);
+    if (p) {
+      atomicAdd(s.scratch + 40, p);
+      atomicMax(s.scratch + 41, c + 1);
+    }
   }
   W.sync();
   const int64_t total_push = s.scratch[40];
   const int ncol = (L.hidden * 2 / 16 + 31) / 32;
   const int cred = (num_tokens + chunk - 1) / chunk;
+  // Chunks actually used (this rank's tokens, and the highest destination chunk with a row to push):
+  // the list, its scan and every item's segment search are sized by them, not by max_tokens (a
+  // 128-token call in a 4096-token buffer: 2 x (8 + lag) segments instead of 2 x (256 + lag)).
+  // Only empty segments are dropped: the order of the items is unchanged.
+  const int cu = max(cred, s.scratch[41]);
   const int64_t per_chunk = cred ? (total_push + (int64_t)num_tokens * ncol + cred - 1) / cred : 1;
   // lag: reductions of chunk c are listed ~lag_mult x (warps in the grid) items after chunk c's pushes,
   // so a warp reaching one mostly finds its rows there: under load a push takes ~ (bytes in flight) /
   // (link bandwidth), many list items' worth (lag_mult 8 measured best, 2 too small).
-  int64_t lag = lag_mult < 0 ? C : (lag_mult * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
-  if (lag > C) lag = C;
+  int64_t lag = lag_mult < 0 ? cu : (lag_mult * W.total_warps() + per_chunk - 1) / (per_chunk > 0 ? per_chunk : 1);
+  if (lag > cu) lag = cu;  // a lag >= cu lists every reduction after every push either way
   s.lag = (int32_t)lag;
   s.ncol = ncol;
   s.num_tokens = num_tokens;
-  s.nseg = 2 * (C + s.lag);
+  s.nseg = 2 * (cu + s.lag);
   const int32_t* psz = s.psz;
   const int lg = s.lag;
   group_exclusive_scan(
       W, s.nseg,
       [&](int j) -> int32_t {
         const int x = j >> 1;
-        if (!(j & 1)) return x < C ? psz[x] : 0;
+        if (!(j & 1)) return x < cu ? psz[x] : 0;
         const int c = x - lg;
         if (c < 0 || c >= cred) return 0;
         const int nt = num_tokens - c * chunk;
