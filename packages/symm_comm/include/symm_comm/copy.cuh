@@ -45,8 +45,9 @@ __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src
 }
 
 // All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4). Each
-// thread keeps kGridCopyUnroll loads in flight: one per thread cannot cover the HBM latency.
-constexpr int kGridCopyUnroll = 6;
+// thread keeps kGridCopyUnroll loads in flight: one per thread cannot cover the HBM latency, and the
+// stagers are 15 of 16 warps while the one-pass metadata runs.
+constexpr int kGridCopyUnroll = 6;  // 8 spills in the dispatch kernel (128 registers)
 __device__ __forceinline__ void grid_copy_bytes(void* dst, const void* src, int64_t nbytes, int64_t gtid,
                                                 int64_t gthreads) {
   const int64_t n16 = nbytes / 16;
