@@ -443,12 +443,15 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     const int s = iter % Cfg::kNumStages;
     if (!wait_full(sm, iter, err)) return -1;
     issue_block_mma(sm, s, a, part);
-    float scale[Cfg::kBlockN / 4];
-    load_token_scales(sm, s, scale_off, scale);
     if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
       decode_raw(r_next, sm.lut(), a_next);
       load_next(r_next);          // flat block iter + 3
     }
+    // The scales are needed only by the promotion: loaded after the decode so the decode does not
+    // wait for them (they shared a scoreboard with the decode's inputs).
+    asm volatile("" ::: "memory");
+    float scale[Cfg::kBlockN / 4];
+    load_token_scales(sm, s, scale_off, scale);
     retire_block(sm, s, lane, a, part, scale, acc);
     ++iter;
     if (++kb == k_blocks && !end_tile()) return 1;
