@@ -96,6 +96,18 @@ struct SmemView {
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
 };
 
+// Position in the stage ring: stage = iteration % kNumStages, phase = (iteration / kNumStages) & 1,
+// advanced incrementally (kNumStages is not a power of two: the division cost ~6 instructions per
+// use, ~25 per K block in the decode-sized loop).
+template <class Cfg>
+struct RingPos {
+  uint32_t stage, phase;
+  __device__ static RingPos at(uint32_t iter) { return {iter % Cfg::kNumStages, (iter / Cfg::kNumStages) & 1}; }
+  __device__ RingPos next() const {
+    return stage + 1 == uint32_t(Cfg::kNumStages) ? RingPos{0, phase ^ 1} : RingPos{stage + 1, phase};
+  }
+};
+
 // Token scales live in shared memory permuted so that a math thread's kBlockN / 4 scales are
 // contiguous (vector loads): token 8j + 2q + c (q = lane % 4) sits at q * kScaleQuadFloats + 2j + c.
 template <class Cfg>
@@ -142,9 +154,10 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
                                              int ptid, int* err) {
   const int k_blocks = pb.k / Cfg::kBlockK;
   const uint8_t* wsrc = tile_weights(w, pb, t);
-  for (int kb = 0; kb < k_blocks; ++kb, ++iter) {
-    const int s = iter % Cfg::kNumStages;
-    const uint32_t phase = (iter / Cfg::kNumStages) & 1;
+  RingPos<Cfg> pos = RingPos<Cfg>::at(iter);
+  for (int kb = 0; kb < k_blocks; ++kb, ++iter, pos = pos.next()) {
+    const int s = pos.stage;
+    const uint32_t phase = pos.phase;
     if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, kPipelineTimeoutNs)) {
       report_error(err, kErrTimeoutEmpty);
       return false;
@@ -212,7 +225,8 @@ __device__ __forceinline__ void decode_raw(const RawFragment& r, const uint2* lu
   int smin = WL::kMaxShift;
 #pragma unroll
   for (int i = 0; i < 2 * kSteps; ++i) {
-    sh[i] = int(int8_t((i < 4 ? r.shifts.x : r.shifts.y) >> (8 * (i % 4))));
+    // Byte i % 4, sign-extended, in one PRMT (selector nibbles 8|b replicate byte b's sign bit).
+    sh[i] = int(ptx::prmt(i < 4 ? r.shifts.x : r.shifts.y, 0u, 0x8880u | (0x1111u * uint32_t(i % 4))));
     smin = min(smin, sh[i]);
   }
   uint2 lut[2 * kSteps];
@@ -297,8 +311,8 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
 }
 
 template <class Cfg>
-__device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, uint32_t iter, int* err) {
-  if (ptx::mbar_wait(sm.full(iter % Cfg::kNumStages), (iter / Cfg::kNumStages) & 1, kPipelineTimeoutNs)) return true;
+__device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, RingPos<Cfg> pos, int* err) {
+  if (ptx::mbar_wait(sm.full(pos.stage), pos.phase, kPipelineTimeoutNs)) return true;
   report_error(err, kErrTimeoutFull);
   return false;
 }
@@ -340,24 +354,28 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
   const DecodeOffsets off(wg, tid_in_wg);
   const uint32_t scale_off = scale_offset<Cfg>(lane);
   uint32_t a0[kSteps][4], a1[kSteps][4];
-  if (!wait_full(sm, iter, err)) return false;
-  decode_stage(sm, iter % Cfg::kNumStages, off, a0);
+  RingPos<Cfg> cur = RingPos<Cfg>::at(iter), prev = cur;
+  if (!wait_full(sm, cur, err)) return false;
+  decode_stage(sm, cur.stage, off, a0);
 
   // Block kb: `a`, `part`, `sc` are its buffers; `a_next`, `part_prev`, `sc_prev` those of kb-1,
   // which become kb+1's fragment buffer once kb-1 is retired.
   auto kblock = [&](int kb, uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4], float (&part)[Cfg::kAccRegs],
                     float (&part_prev)[Cfg::kAccRegs], float (&sc)[kScales], float (&sc_prev)[kScales]) -> bool {
-    const int s = iter % Cfg::kNumStages;
+    const int s = cur.stage;
     issue_block_mma(sm, s, a, part);
     load_token_scales(sm, s, scale_off, sc);
-    if (kb > 0) retire_block<Cfg, 1>(sm, (iter - 1) % Cfg::kNumStages, lane, a_next, part_prev, sc_prev, acc);
+    if (kb > 0) retire_block<Cfg, 1>(sm, prev.stage, lane, a_next, part_prev, sc_prev, acc);
+    const RingPos<Cfg> nxt = cur.next();
     if (kb + 1 < k_blocks) {
-      if (!wait_full(sm, iter + 1, err)) {
+      if (!wait_full(sm, nxt, err)) {
         ptx::wgmma_wait<0>();
         return false;
       }
-      decode_stage(sm, (iter + 1) % Cfg::kNumStages, off, a_next);
+      decode_stage(sm, nxt.stage, off, a_next);
     }
+    prev = cur;
+    cur = nxt;
     ++iter;
     return true;
   };
@@ -367,7 +385,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     if (kb + 1 < k_blocks && !kblock(kb + 1, a1, a0, part1, part0, sc1, sc0)) return false;
   }
   // The last block is still in flight.
-  const int s_last = (iter - 1) % Cfg::kNumStages;
+  const int s_last = prev.stage;
   if (k_blocks & 1)
     retire_block<Cfg, 0>(sm, s_last, lane, a0, part0, sc0, acc);
   else
@@ -426,6 +444,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   load_next(r0);  // 2
 
   uint32_t iter = 0;  // flat K block = ring iteration
+  RingPos<Cfg> pos{0, 0};
   int kb = 0;
   uint32_t tiles = 0;
   // After a tile's last K block: its epilogue, then the next tile. Returns false at the CTA's end.
@@ -440,8 +459,8 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   float part[Cfg::kAccRegs];
   // Returns 1 when the CTA's last tile is done, -1 on timeout, 0 otherwise.
   auto kblock = [&](uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4], RawFragment& r_next) -> int {
-    const int s = iter % Cfg::kNumStages;
-    if (!wait_full(sm, iter, err)) return -1;
+    const int s = pos.stage;
+    if (!wait_full(sm, pos, err)) return -1;
     issue_block_mma(sm, s, a, part);
     if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
       decode_raw(r_next, sm.lut(), a_next);
@@ -454,6 +473,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     load_token_scales(sm, s, scale_off, scale);
     retire_block(sm, s, lane, a, part, scale, acc);
     ++iter;
+    pos = pos.next();
     if (++kb == k_blocks && !end_tile()) return 1;
     return 0;
   };
