@@ -20,7 +20,7 @@ constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E int
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
-                         uint64_t timeout_ns, int onepass) {
+                         uint64_t timeout_ns, int onepass, int pull_dynamic) {
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -36,6 +36,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
   if (st0) stamp(local, L, 0);
+  // Pull work counters (pool.cuh, for_each_pool_row_dynamic): this call uses [parity]; CTA 0 zeroes
+  // [parity ^ 1] for the next call. Race-free: no CTA of this call touches [parity ^ 1]; the previous
+  // call (the last user of it) completed before this kernel started, and the next call (its next user)
+  // starts after this kernel completed (stream order: the epoch protocol already needs calls in stream
+  // order), so the plain store is visible to it. [parity] was zeroed by the previous call, or by
+  // symm_reset_state (creation / resync, both words) — also after a timed-out call.
+  if (st0) *pull_counter(local, L, a.parity ^ 1) = 0u;
   // Phase A. Large T (the default): warp 0 of the first G CTAs pushes the metadata in one pass over
   // its CTA's token range (its shared memory: the tables' space, built only after the barrier) while
   // every other warp stages the inputs.
@@ -67,7 +74,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (blockIdx.x == 0) publish_layout(W, L, local, t);
       pad_blocks(W, L, local, t);
       if (st0) stamp(local, L, 3);
-      pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity);
+      pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
+                             pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
     }
   }
   // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
@@ -86,6 +94,7 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
     state_epoch(local, L)[SYMM_OP_COMBINE] = e_c;
     for (int op = 0; op < SYMM_NUM_OPS; ++op) *state_grid_bar(local, L, op) = 0u;
     *at<uint32_t>(local, L.off_state + SYMM_STATE_META_BAR) = 0u;  // a timed-out metadata barrier leaves it mid-count
+    for (int p = 0; p < 2; ++p) *pull_counter(local, L, p) = 0u;  // a timed-out call may leave its counter used
     for (int w = 0; w < SYMM_ERR_WORDS; ++w) state_err(local, L)[w] = 0;
   }
   const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
@@ -123,11 +132,16 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
   const size_t smem = (size_t)(onepass && meta > tables ? meta : tables) * 4;
+  // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
+  // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row_dynamic);
+  // 2: two items per grab (at R = 2 one row of each source; half the atomics).
+  static const int pull_env = env_int("SYMM_PULL_DYNAMIC", 1);
+  static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
   if (idx_bytes == 8)
     return symm_host::launch_coop(symm_dispatch_kernel<int64_t>, kThreads, smem, num_sms, stream, L, peers, a,
-                                  host_err, (uint64_t)timeout_ns, onepass);
+                                  host_err, (uint64_t)timeout_ns, onepass, pull_dynamic);
   return symm_host::launch_coop(symm_dispatch_kernel<int32_t>, kThreads, smem, num_sms, stream, L, peers, a, host_err,
-                                (uint64_t)timeout_ns, onepass);
+                                (uint64_t)timeout_ns, onepass, pull_dynamic);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

@@ -153,9 +153,15 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // NVLink round trip per row instead of one per batch plus one each for scales and weight.
 constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row copy (S <= 64: H <= 8192)
 
+// pull_ctr: null = static distribution (for_each_pool_row_interleaved, SYMM_PULL_DYNAMIC=0); else the
+// dynamic one (for_each_pool_row_dynamic) when there are more than 2 work items per warp, pull_chunk
+// (1 or 2) items per grab; pull_ctr = this call's counter (pull_counter(), zero at the call's start; a
+// fused kernel that passes one must keep that rule: a counter left non-zero makes warps skip rows, and
+// the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
 template <int UNROLL>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
-                                          const PoolTables& t, int parity) {
+                                          const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr,
+                                          int pull_chunk = 1) {
   const int K = L.topk, T = L.max_tokens;
   const int64_t H = L.hidden, S = L.scale_cols;
   uint8_t* px = at<uint8_t>(local, L.off_pool_x);
@@ -163,7 +169,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
   float* pw = at<float>(local, L.off_pool_w);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
-  for_each_pool_row_interleaved(W, L, t, [&](int s, int32_t row, int le, int32_t slot) {
+  auto one_row = [&](int s, int32_t row, int le, int32_t slot) {
     const int32_t flat = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
     if (flat < 0 || flat >= T * K) return;  // defensive: never index outside the staging
     const int32_t tok = flat / K, k = flat - tok * K;
@@ -200,7 +206,15 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     }
     __syncwarp();
     if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
-  });
+  };
+  // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
+  // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.
+  if (pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps()) {
+    if (pull_chunk == 2) for_each_pool_row_dynamic<2>(W, L, t, pull_ctr, one_row);
+    else for_each_pool_row_dynamic<1>(W, L, t, pull_ctr, one_row);
+  } else {
+    for_each_pool_row_interleaved(W, L, t, one_row);
+  }
 }
 
 }  // namespace symm

@@ -7,7 +7,8 @@
 //   signals      u64 [SYMM_NUM_OPS][R]          written by PEERS: [dispatch][s] += 2^32 per call of s (one
 //                                               red.release.sys per CTA of s, see barrier.cuh);
 //                                               [combine][s] = epoch s started (st.release.sys)
-//   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, error word
+//   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, pull work counters,
+//                                               error word
 //   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
 //   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS
 //   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
@@ -39,7 +40,7 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 3
+#define SYMM_LAYOUT_VERSION 4  // 4: state word SYMM_STATE_PULL_CTR
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
@@ -52,6 +53,8 @@
 #define SYMM_STATE_EPOCH 0        // u64 [SYMM_NUM_OPS]: last completed epoch per op
 #define SYMM_STATE_GRID_BAR 64    // u32 [SYMM_NUM_OPS]: end-of-kernel arrival words (flip bit 31)
 #define SYMM_STATE_META_BAR 72    // u32: grid barrier word of dispatch's one-pass metadata (flip bit 31)
+#define SYMM_STATE_PULL_CTR 80    // u32 [2]: dispatch pull work counters, [epoch & 1] used by call epoch, the
+                                  // other zeroed by that call (CTA 0, at its start; pool.cuh, csrc/dispatch.cu)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
 #define SYMM_STATE_STAMPS 160     // u64 [12]: %globaltimer per stage of the last call (diagnostics, CTA 0 +
                                   // last CTA out): [0..5] dispatch, [6..11] combine; see csrc/*.cu
@@ -213,6 +216,10 @@ __host__ __device__ __forceinline__ uint32_t* state_grid_bar(uint64_t base, cons
 }
 __host__ __device__ __forceinline__ uint64_t* state_stamps(uint64_t base, const SymmLayout& L) {
   return at<uint64_t>(base, L.off_state + SYMM_STATE_STAMPS);
+}
+// The dispatch pull counter of parity p (state word, local only).
+__host__ __device__ __forceinline__ uint32_t* pull_counter(uint64_t base, const SymmLayout& L, int parity) {
+  return at<uint32_t>(base, L.off_state + SYMM_STATE_PULL_CTR) + parity;
 }
 __host__ __device__ __forceinline__ int32_t* state_err(uint64_t base, const SymmLayout& L) {
   return at<int32_t>(base, L.off_state + SYMM_STATE_ERR);

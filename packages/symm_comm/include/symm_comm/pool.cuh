@@ -192,6 +192,52 @@ __device__ __forceinline__ void for_each_pool_row_interleaved(const Workers& W, 
   }
 }
 
+// Work items of the interleaved order: R * (largest per-source row count).
+__device__ __forceinline__ int32_t pool_work_items(const SymmLayout& L, const PoolTables& t) {
+  int32_t max_total = 0;
+  for (int s = 0; s < L.num_ranks; ++s) max_total = max(max_total, t.src_total(L, s));
+  return L.num_ranks * max_total;
+}
+
+// Same rows, same work-item order (q -> s = (q + rank) % R, j = q / R), but warps take CHUNK
+// consecutive items at a time from a local counter `ctr` (dispatch's pull). Why not the static stride
+// above: its stride (total warps) is a multiple of R on every usual grid (132 CTAs x 16 warps), so a
+// warp always pulls from ONE source: for R = 2 half the warps copy only local rows (HBM, done early)
+// and the remote rows are split statically over the other half; a warp that the fabric serves slowly
+// cannot hand its rows to one that is served fast (measured: CTA finish times spread 224..400 us at
+// 4096 tokens). Here every warp pulls from every source and the fast ones take more rows.
+// ctr: u32 in this rank's own memory, 0 when the call starts (dispatch zeroes the idle parity's
+// counter, csrc/dispatch.cu); it may end above nq. Memory ordering: the counter only hands out indices
+// into tables every group built itself (shared memory); no data is published through it, so relaxed
+// gpu-scope atomics suffice, and the rows' own publication (arrivals red.release) is unchanged.
+// One grab per CHUNK items, after the previous chunk: the atomic's local round trip (~1 us) is not
+// hidden (see ptx::atom_add_relaxed_gpu_u32), but while thousands of warps have rows in flight it
+// does not cost link throughput; at the end a warp holds no reserved work while others are idle.
+template <int CHUNK, class Fn>
+__device__ __forceinline__ void for_each_pool_row_dynamic(const Workers& W, const SymmLayout& L, const PoolTables& t,
+                                                          uint32_t* ctr, Fn&& fn) {
+  const int R = L.num_ranks;
+  const int32_t nq = pool_work_items(L, t);  // R * T * K < 2^31 (symm_layout_compute)
+  for (;;) {
+    int32_t cur = 0;
+    if (W.lane == 0) cur = (int32_t)ptx::atom_add_relaxed_gpu_u32(ctr, (uint32_t)CHUNK);
+    cur = __shfl_sync(0xffffffffu, cur, 0);
+    if (cur >= nq) break;
+#pragma unroll
+    for (int u = 0; u < CHUNK; ++u) {
+      const int32_t q = cur + u;
+      if (q >= nq) break;
+      const int s = (q + L.rank) % R;
+      const int32_t j = q / R;
+      if (j >= t.src_total(L, s)) continue;
+      int le;
+      int32_t slot;
+      const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+      fn(s, row, le, slot);
+    }
+  }
+}
+
 // Is pool row r (r < U) a real row (not padding)?
 __device__ __forceinline__ bool pool_row_valid(const SymmLayout& L, const PoolTables& t, int32_t r) {
   const int Lx = L.num_local_experts;

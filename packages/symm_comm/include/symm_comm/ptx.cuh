@@ -89,6 +89,14 @@ SYMM_DEV uint64_t atom_add_release_sys_u64(uint64_t* p, uint64_t v) {
   asm volatile("atom.add.release.sys.global.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
   return old;
 }
+// Relaxed, gpu scope (work counters: no data is published through them). Note: ptxas turns an
+// atomic on a warp-uniform address into a warp-aggregated one whose result shuffle waits for the
+// atomic at once, so its latency cannot be hidden behind later loads (checked in the SASS).
+SYMM_DEV uint32_t atom_add_relaxed_gpu_u32(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.add.relaxed.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 SYMM_DEV uint32_t atom_add_acq_rel_gpu_u32(uint32_t* p, uint32_t v) {
   uint32_t old;
   asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
