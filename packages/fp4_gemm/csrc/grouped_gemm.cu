@@ -98,7 +98,10 @@ int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t 
   cudaGetDevice(&dev);
   if (dev >= kMaxDevices || !attr_set[dev]) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (e != cudaSuccess) return int(e);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the error is returned here, not to the caller's next launch check
+      return int(e);
+    }
     if (dev < kMaxDevices) attr_set[dev] = true;
   }
   kernel<<<num_sms * Cfg::kCtasPerSm, kThreads, Cfg::kSmemBytes, stream>>>(map, a);

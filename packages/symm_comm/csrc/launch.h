@@ -7,6 +7,13 @@
 #include "symm_comm/layout.cuh"
 #include "symm_comm/pool.cuh"
 
+// A failed runtime call is reported through the return code; clear it so the caller's next
+// cudaGetLastError() (after a later, successful launch) does not report it again.
+static inline int clear_and_return(cudaError_t e) {
+  cudaGetLastError();
+  return (int)e;
+}
+
 namespace symm_host {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -35,17 +42,17 @@ template <typename Kernel, typename... Args>
 int launch_coop(Kernel kernel, int threads, size_t smem, int num_sms, cudaStream_t stream, Args... args) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return (int)e;
+  if (e != cudaSuccess) return clear_and_return(e);
   int sms = 0, coop = 0;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return (int)e;
-  if ((e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev)) != cudaSuccess) return (int)e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return clear_and_return(e);
+  if ((e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev)) != cudaSuccess) return clear_and_return(e);
   if (!coop) return SYMM_ECOOP;
   if (smem > 48 * 1024) {
     if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
-      return (int)e;
+      return clear_and_return(e);
   }
   int per_sm = 0;
-  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem)) != cudaSuccess) return (int)e;
+  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem)) != cudaSuccess) return clear_and_return(e);
   if (per_sm < 1) return SYMM_ECOOP;
   int grid = (num_sms > 0 && num_sms < sms) ? num_sms : sms;
   if (grid > sms * per_sm) grid = sms * per_sm;
@@ -54,7 +61,7 @@ int launch_coop(Kernel kernel, int threads, size_t smem, int num_sms, cudaStream
                                                   argv, smem, stream)
                     : cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(threads), argv, smem,
                                        stream);
-  if (e != cudaSuccess) return (int)e;
+  if (e != cudaSuccess) return clear_and_return(e);
   return (int)cudaGetLastError();
 }
 
