@@ -4,16 +4,11 @@
 //   out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include "launch.h"
 #include "symm_api.h"
 #include "symm_comm/symm_comm.cuh"
 
 namespace {
-int env_int(const char* name, int dflt) {
-  const char* v = getenv(name);
-  return v && *v ? atoi(v) : dflt;
-}
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 constexpr int kPushUnroll = 13;  // H 7168: 28 vectors per lane = 13 + 13 + 2 (14 spills with the run-time schedule knobs)
 constexpr int kReduceK = 8;
@@ -26,13 +21,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
   const Workers W = Workers::cta();
-  const uint64_t deadline = ptx::globaltimer() + timeout_ns;
-  load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
-  __syncthreads();
-  const uint64_t local = s_peers[L.rank];
-  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_COMBINE) + 1;
+  const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_COMBINE, host_err, timeout_ns);
+  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
+  const ErrSink& err = call.err;
   const int parity = (int)(epoch & 1);
-  const ErrSink err{state_err(local, L), host_err, L.rank, (uint32_t)epoch};
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 6..8: CTA 0's view; 9: last CTA out
   if (st0) stamp(local, L, 6);
 
@@ -96,8 +88,8 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
   // the grid) list items after their chunk's pushes (< 0: after all pushes); counter-wait sleep (ns).
   // Defaults measured on 2x H200 at 4096 tokens (docs/perf-notes-symm_comm.md section 6): lag 2 / 64 ns
   // 805 us, lag 2 / 1000 ns 799 us, lag 8 / 1000 ns 732 us, all pushes first 834 us.
-  static const int lag_mult = env_int("SYMM_COMBINE_LAG", 8);
-  static const int spin_ns = env_int("SYMM_SPIN_NS", 1000);
+  static const int lag_mult = symm_host::env_int("SYMM_COMBINE_LAG", 8);
+  static const int spin_ns = symm_host::env_int("SYMM_SPIN_NS", 1000);
   return symm_host::launch_coop(symm_combine_kernel, kThreads, smem, num_sms, stream, L, peers,
                                 static_cast<const uint16_t*>(expert_out), out_rows, topk_w, static_cast<uint16_t*>(y),
                                 num_tokens, host_err, (uint64_t)timeout_ns, lag_mult, spin_ns);

@@ -3,16 +3,11 @@
 // barrier -> phase B pull -> last CTA out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include "launch.h"
 #include "symm_api.h"
 #include "symm_comm/symm_comm.cuh"
 
 namespace {
-int env_int(const char* name, int dflt) {
-  const char* v = getenv(name);
-  return v && *v ? atoi(v) : dflt;
-}
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 constexpr int kPullUnroll = 16;  // a whole row (H <= 8192) per lane batch: one round trip per row
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
@@ -25,13 +20,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
   const Workers W = Workers::cta();
-  const uint64_t deadline = ptx::globaltimer() + timeout_ns;
-  load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
-  __syncthreads();
-  const uint64_t local = s_peers[L.rank];
-  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + SYMM_OP_DISPATCH) + 1;
+  const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_DISPATCH, host_err, timeout_ns);
+  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
+  const ErrSink& err = call.err;
   a.parity = (int)(epoch & 1);
-  const ErrSink err{state_err(local, L), host_err, L.rank, (uint32_t)epoch};
   const PoolTables t = PoolTables::carve(smem, L);
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
@@ -128,14 +120,14 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0};
   // SYMM_META_ONEPASS=0: the older two-pass metadata scan for large T (A/B measurements, fallback).
   // The one-pass scan keeps one count per expert in shared memory; beyond kMaxMetaSmem it is not used.
-  static const int onepass_env = env_int("SYMM_META_ONEPASS", 1);
+  static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
   const size_t smem = (size_t)(onepass && meta > tables ? meta : tables) * 4;
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row_dynamic);
   // 2: two items per grab (at R = 2 one row of each source; half the atomics).
-  static const int pull_env = env_int("SYMM_PULL_DYNAMIC", 1);
+  static const int pull_env = symm_host::env_int("SYMM_PULL_DYNAMIC", 1);
   static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
   if (idx_bytes == 8)
     return symm_host::launch_coop(symm_dispatch_kernel<int64_t>, kThreads, smem, num_sms, stream, L, peers, a,

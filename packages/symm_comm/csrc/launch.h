@@ -7,16 +7,23 @@
 #include "symm_comm/layout.cuh"
 #include "symm_comm/pool.cuh"
 
+namespace symm_host {
+
 // A failed runtime call is reported through the return code; clear it so the caller's next
 // cudaGetLastError() (after a later, successful launch) does not report it again.
-static inline int clear_and_return(cudaError_t e) {
+inline int clear_and_return(cudaError_t e) {
   cudaGetLastError();
   return (int)e;
 }
 
-namespace symm_host {
-
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Integer measurement knob from the environment (SYMM_*), `dflt` when unset or empty. Read once per
+// process by the callers (static locals).
+inline int env_int(const char* name, int dflt) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
 
 inline int check_layout(const SymmLayout* L) {
   if (!L || L->version != SYMM_LAYOUT_VERSION || L->num_ranks < 1 || L->num_ranks > 64 || L->total_bytes <= 0)
@@ -30,10 +37,7 @@ inline int check_layout(const SymmLayout* L) {
 // kernels need (their CTAs wait on each other); if one is not, the waits time out with an error
 // instead of hanging. Default: cooperative (residency guaranteed by the driver).
 inline bool coop_launch() {
-  static const bool coop = [] {
-    const char* v = getenv("SYMM_COOP_LAUNCH");
-    return !(v && *v && atoi(v) == 0);
-  }();
+  static const bool coop = env_int("SYMM_COOP_LAUNCH", 1) != 0;
   return coop;
 }
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include "symm_comm/errors.cuh"
 #include "symm_comm/layout.cuh"
+#include "symm_comm/peers.cuh"
 #include "symm_comm/ptx.cuh"
 
 #if defined(__CUDACC__)
@@ -126,6 +127,26 @@ __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, 
     }
   }
   return __syncthreads_and(ok) != 0;
+}
+
+// ---- start of a standalone kernel: peers, this call's epoch, its time limit and error sink ---------
+struct CallStart {
+  uint64_t local;     // this rank's buffer base
+  uint64_t epoch;     // this call of `op`: the last completed epoch + 1
+  uint64_t deadline;  // %globaltimer limit of every wait of the call
+  ErrSink err;
+};
+// All threads of the CTA: copies the peer table to s_peers (shared memory, >= num_ranks entries) and
+// reads the op's last completed epoch (published by the previous call's last CTA out, an earlier
+// kernel in stream order: relaxed suffices).
+__device__ __forceinline__ CallStart begin_call(const SymmLayout& L, const uint64_t* peers_g, uint64_t* s_peers,
+                                                int op, int32_t* host_err, uint64_t timeout_ns) {
+  const uint64_t deadline = ptx::globaltimer() + timeout_ns;
+  load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
+  __syncthreads();
+  const uint64_t local = s_peers[L.rank];
+  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + op) + 1;
+  return CallStart{local, epoch, deadline, ErrSink{state_err(local, L), host_err, L.rank, (uint32_t)epoch}};
 }
 
 // ---- end of a standalone kernel: the last CTA out publishes the op's completed epoch -----------------

@@ -56,6 +56,27 @@ __device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, in
   }
 }
 
+// Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
+// walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
+// Slots at or past L.max_tokens are not written (the caller reports the overflow via clamp_count).
+template <int U, typename IdxT>
+__device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const void* topk_idx, int64_t beg, int64_t end,
+                                               int e, int lane, int32_t run, int32_t* slots) {
+  const uint32_t lt = (1u << lane) - 1u;
+  for (int64_t base = beg; base < end; base += 32 * U) {
+    bool m[U];
+    match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+      const int32_t slot = run + __popc(b & lt);
+      if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
+      run += __popc(b);
+    }
+  }
+  return run;
+}
+
 // Two-pass metadata push (SYMM_META_ONEPASS=0). Group g handles global experts e = g, g + ngroups,
 // ...: a two-pass ballot scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives
 // every match its slot in row-major order. Reads all T * K ids twice per expert: 134 MB of L2 reads at
@@ -69,7 +90,6 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
   const int Lx = L.num_local_experts;
   const int64_t chunk = ((N + W.nwarps - 1) / W.nwarps + 31) / 32 * 32;
   const int64_t beg = W.warp * chunk, end = beg + chunk < N ? beg + chunk : N;
-  const uint32_t lt = (1u << W.lane) - 1u;
   for (int e = W.group; e < L.num_experts; e += W.ngroups) {
     const int owner = e / Lx, le = e % Lx;
     // pass 1: count
@@ -94,21 +114,8 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     W.sync();
     // pass 2: slots (peer stores)
     int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t run = scratch[W.warp];
     const int32_t total = scratch[W.nwarps];
-    if (cnt > 0) {
-      for (int64_t base = beg; base < end; base += 32 * U) {
-        bool m[U];
-        match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
-          const int32_t slot = run + __popc(b & lt);
-          if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
-          run += __popc(b);
-        }
-      }
-    }
+    if (cnt > 0) write_slots<U, IdxT>(L, a.topk_idx, beg, end, e, W.lane, scratch[W.warp], slots);
     if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
     W.sync();  // scratch reuse
   }
@@ -124,22 +131,10 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   constexpr int U = 16;
   const int64_t N = (int64_t)a.num_tokens * L.topk;
   const int Lx = L.num_local_experts;
-  const uint32_t lt = (1u << W.lane) - 1u;
   for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t run = 0;
-    for (int64_t base = 0; base < N; base += 32 * U) {
-      bool m[U];
-      match_ids<U, IdxT>(a.topk_idx, base, N, e, W.lane, m);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
-        const int32_t slot = run + __popc(b & lt);
-        if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + W.lane);
-        run += __popc(b);
-      }
-    }
+    const int32_t run = write_slots<U, IdxT>(L, a.topk_idx, 0, N, e, W.lane, 0, slots);
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
   }
 }
