@@ -53,7 +53,8 @@ def test_contiguous(G, N, K, sizes, block_n):
 
 
 @pytest.mark.parametrize("G,N,K,max_m", [(4, 256, 512, 8), (32, 384, 256, 16), (6, 256, 1024, 200), (2, 128, 7168, 64)])
-def test_masked(G, N, K, max_m):
+@pytest.mark.parametrize("block_n", [None, 128])  # 128: the kRegs kernel (2-CTA clusters with FP4_TOKEN_MULTICAST)
+def test_masked(G, N, K, max_m, block_n):
     gen = fresh_generator()
     tw, pw = random_weights(G, N, K, gen)
     m = torch.randint(0, max_m + 1, (G,), generator=gen)
@@ -63,7 +64,7 @@ def test_masked(G, N, K, max_m):
     xq, xs = quantize_fp8(x)
     out = torch.empty((G, max_m, N), dtype=torch.int16, device="cuda").fill_(POISON).view(torch.bfloat16)
     ops.grouped_gemm(xq.view(G, max_m, K), xs.view(G, max_m, K // 128), pw,
-                     masked_m=m.to(torch.int32).cuda(), out=out)
+                     masked_m=m.to(torch.int32).cuda(), out=out, block_n=block_n)
     torch.cuda.synchronize()
     ops.check_errors()
     groups = [(g, g * max_m, int(m[g])) for g in range(G)]

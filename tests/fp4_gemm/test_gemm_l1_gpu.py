@@ -10,10 +10,12 @@ from fp4_gemm import ops, quantize_fp8  # noqa: E402
 from gemm_cases import fresh_generator, check_l1, l1_reference, random_tokens, random_weights  # noqa: E402
 
 
-@pytest.mark.parametrize("G,I,K,sizes", [(4, 128, 512, [0, 37, 130, 5]), (2, 384, 7168, [70, 9]),
-                                         (8, 64, 256, [1, 0, 300, 64, 65, 0, 7, 128])])
+@pytest.mark.parametrize("G,I,K,sizes,block_n", [(4, 128, 512, [0, 37, 130, 5], None), (2, 384, 7168, [70, 9], None),
+                                                 (8, 64, 256, [1, 0, 300, 64, 65, 0, 7, 128], None),
+                                                 # 3 weight n-blocks (odd: a 2-CTA cluster's dummy tile), 128 tokens
+                                                 (5, 192, 1024, [0, 200, 5, 129, 0], 128)])
 @pytest.mark.parametrize("clamp,pow2", [(float("inf"), False), (1.0, False), (float("inf"), True)])
-def test_l1_contiguous(G, I, K, sizes, clamp, pow2):
+def test_l1_contiguous(G, I, K, sizes, block_n, clamp, pow2):
     gen = fresh_generator()
     tw, pw = random_weights(G, 2 * I, K, gen, gate_up=True)
     M = sum(sizes)
@@ -21,7 +23,8 @@ def test_l1_contiguous(G, I, K, sizes, clamp, pow2):
     xq, xs = quantize_fp8(x)
     w = (torch.rand(M, generator=gen) + 0.05).cuda()
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    q, s = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, activation_clamp=clamp, pow2=pow2)
+    q, s = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, activation_clamp=clamp, pow2=pow2,
+                               block_n=block_n)
     torch.cuda.synchronize()
     ops.check_errors()
     assert q.shape == (M, I) and s.shape == (M, I // 64)

@@ -1,5 +1,6 @@
 // Standalone grouped FP8 x MXFP4 GEMM (contiguous and masked layouts), BF16 output.
 // A thin composition of the headers: scheduler + mainloop (producer / math roles) + epilogue.
+#include <algorithm>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -8,8 +9,17 @@
 #include "fp4_gemm_api.h"
 #include "tensor_map.h"
 
+// FP4_TOKEN_MULTICAST (compile-time, default off until measured; -DFP4_TOKEN_MULTICAST defines it
+// as 1): the 128-token kRegs kernel runs as 2-CTA clusters sharing each token tile through TMA
+// multicast (MainloopConfig::kMulticast).
+#ifndef FP4_TOKEN_MULTICAST
+#define FP4_TOKEN_MULTICAST 0
+#endif
+
 namespace fp4_gemm {
 namespace {
+
+constexpr bool kTokenMulticast128 = FP4_TOKEN_MULTICAST != 0;
 
 constexpr int kThreads = 128 + kMathThreads;  // producer warpgroup + math warpgroups
 constexpr int kMaxDevices = 64;
@@ -47,23 +57,33 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   extern __shared__ __align__(1024) uint8_t smem[];
   SmemView<Cfg> sm{smem};
   const int tid = threadIdx.x;
+  // (The same in every CTA of a cluster, so a cluster's CTAs all leave here or none does.)
   if (ptx::smem_addr(smem) % 1024 != 0) {
     if (tid == 0) report_error(args.err, kErrSmemAlign);
     return;
   }
   init_pipeline(sm, tid, kThreads);
-  __syncthreads();
+  if constexpr (Cfg::kMulticast) {
+    // Both CTAs' barriers initialised (and fenced at cluster scope) before any multicast
+    // complete_tx or remote arrive; also orders the shift LUT writes like __syncthreads.
+    ptx::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   using Regs = RegisterSplit<Cfg::kCtasPerSm>;
-  GroupedScheduler<Cfg::kBlockN, WL::kBlockRows> sched(args.pb);
+  GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN> sched(args.pb);
   Tile t;
   uint32_t iter = 0;
+  // No role returns from here on: a timeout ends the role's loop, and every thread reaches the
+  // exit cluster barrier below (multicast) once its own time-limited waits are over.
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
     if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
+    const uint32_t cta_rank = Cfg::kMulticast ? ptx::cluster_ctarank() : 0u;
     while (sched.next(t))
-      if (!produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err)) return;
+      if (!produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err, cta_rank)) break;
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
@@ -82,18 +102,28 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     } else {
       float acc[Cfg::kAccRegs];
       for (uint32_t tiles = 0; sched.next(t); ++tiles) {
-        if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) return;
+        if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) break;
         epilogue(t, acc, tiles);
       }
     }
   }
+  if constexpr (Cfg::kMulticast) {
+    // Exit: the partner may still arrive on this CTA's empty barriers (its last releases) until
+    // all its threads are here; its multicast writes into this CTA were all awaited via full[].
+    ptx::cluster_sync();
+  }
 }
 
 template <class Cfg, Epilogue kEpi>
-int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t stream) {
+int launch(const GemmArgs& a, const void* x, int num_sms, cudaStream_t stream) {
+  // Token tensor map: box of kBlockK bytes x kTmaBoxRows rows (half the tile with multicast).
+  CUtensorMap map;
+  if (const int rc = make_tensor_map_2d_u8(&map, x, a.pb.k, a.pb.rows, a.pb.k, WL::kBlockK, Cfg::kTmaBoxRows))
+    return rc;
   auto kernel = grouped_gemm_kernel<Cfg, kEpi>;
   // Once per device and instantiation, not on every launch (it costs host time).
   static bool attr_set[kMaxDevices] = {};
+  static int max_clusters[kMaxDevices] = {};  // multicast: co-resident 2-CTA clusters
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev >= kMaxDevices || !attr_set[dev]) {
@@ -102,9 +132,46 @@ int launch(const GemmArgs& a, const CUtensorMap& map, int num_sms, cudaStream_t 
       cudaGetLastError();  // clear it: the error is returned here, not to the caller's next launch check
       return int(e);
     }
+    if constexpr (Cfg::kMulticast) {
+      // The persistent grid must be co-resident: a cluster that waits for another to finish would
+      // double the run time. Clusters live inside one GPC, so this may be below num_sms / 2.
+      cudaLaunchConfig_t q = {};
+      cudaLaunchAttribute qa[1];
+      qa[0].id = cudaLaunchAttributeClusterDimension;
+      qa[0].val.clusterDim.x = Cfg::kClusterN, qa[0].val.clusterDim.y = 1, qa[0].val.clusterDim.z = 1;
+      q.gridDim = dim3(Cfg::kClusterN), q.blockDim = dim3(kThreads), q.dynamicSmemBytes = Cfg::kSmemBytes;
+      q.attrs = qa, q.numAttrs = 1;
+      int n = 0;
+      const cudaError_t e2 = cudaOccupancyMaxActiveClusters(&n, kernel, &q);
+      if (e2 != cudaSuccess) {
+        cudaGetLastError();
+        return int(e2);
+      }
+      if (n <= 0) return int(cudaErrorInvalidConfiguration);
+      if (dev < kMaxDevices) max_clusters[dev] = n;
+    }
     if (dev < kMaxDevices) attr_set[dev] = true;
   }
-  kernel<<<num_sms * Cfg::kCtasPerSm, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
+  if constexpr (Cfg::kMulticast) {
+    // Grid: a multiple of the cluster size, at most the co-resident clusters, at least one cluster.
+    int clusters = num_sms / Cfg::kClusterN;
+    if (dev < kMaxDevices) clusters = std::min(clusters, max_clusters[dev]);
+    clusters = std::max(clusters, 1);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = Cfg::kClusterN, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(clusters * Cfg::kClusterN);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map, a);
+    if (e != cudaSuccess) return int(e);
+  } else {
+    kernel<<<num_sms * Cfg::kCtasPerSm, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
+  }
   return int(cudaGetLastError());
 }
 
@@ -130,17 +197,15 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   a.pb.rows = rows;
   a.pb.max_m = max_m;
   a.x.scale_stride = k / WL::kBlockK;
-  CUtensorMap map;
-  if (const int rc = make_tensor_map_2d_u8(&map, x, k, rows, k, WL::kBlockK, block_n)) return rc;
   // Few tokens: the loop is short and latency-bound, so two CTAs per SM run two decode chains and
   // keep more weight bytes in flight. Many tokens: weights go straight to registers (kRegs).
   using P = WeightPath;
   switch (block_n) {
-    case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2>, kEpi>(a, map, num_sms, stream);
-    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2>, kEpi>(a, map, num_sms, stream);
-    case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1>, kEpi>(a, map, num_sms, stream);
-    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1>, kEpi>(a, map, num_sms, stream);
-    case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1>, kEpi>(a, map, num_sms, stream);
+    case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2>, kEpi>(a, x, num_sms, stream);
+    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2>, kEpi>(a, x, num_sms, stream);
+    case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1>, kEpi>(a, x, num_sms, stream);
+    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1>, kEpi>(a, x, num_sms, stream);
+    case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1, kTokenMulticast128>, kEpi>(a, x, num_sms, stream);
     default: return FP4G_EUNSUPPORTED;
   }
 }

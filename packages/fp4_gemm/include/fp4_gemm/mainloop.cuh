@@ -10,6 +10,42 @@
 //               reading the token tile, and after its scale and weight loads from the stage).
 // Iteration i of the ring uses stage i % kNumStages with phase parity (i / kNumStages) & 1; the
 // producer waits on empty with the opposite parity (a fresh barrier counts as released).
+//
+// Token-tile multicast (MainloopConfig::kMulticast, 2-CTA cluster; kRegs path only). The two CTAs
+// of a cluster run the same token tile with adjacent weight n-blocks, in lock-step (scheduler.cuh:
+// same tile sequence, same K, so the same ring iteration i is the same token tile and K block in
+// both CTAs). Contract, per stage s and iteration i:
+//  - Loads: the producer of rank r TMA-loads token rows 64r .. 64r+63 (kTmaBoxRows) into
+//    tokens(s) + r * kTmaBoxBytes of BOTH CTAs (multicast mask 0b11); each destination's full[s]
+//    (same CTA-relative offset) gets complete_tx of those bytes. So each CTA's full[s] receives
+//    kTokenTileBytes of complete_tx, half from each rank; each producer arms only its own full[s]
+//    (arrive.expect_tx of the whole tile + its weight bytes) and copies only its own scales.
+//    The peer's complete_tx may reach full[s] before the local expect_tx: the tx-count goes
+//    negative for a while, but the phase cannot complete before the local producer's arrivals
+//    (kFullArrivals pending), and the expect_tx arrival adds the bytes atomically with its arrive.
+//    It cannot land in the previous phase: the peer issues iteration i only after this CTA's math
+//    warps released iteration i - kNumStages (below), i.e. after they saw that phase complete.
+//  - empty[s] counts kEmptyArrivals = 8 warps x 2 CTAs: each math warp, after the wgmma.wait_group
+//    covering stage s (tensor-core reads of its tokens done) and its scale loads, arrives on the
+//    empty[s] of BOTH CTAs (lane r -> rank r: mbarrier.arrive on the mapa shared::cluster address).
+//    A producer thus issues its multicast into stage s, which writes into both CTAs, only once the
+//    math warps of both CTAs are done with it. Scopes as in CUTLASS's sm90 multicast pipelines:
+//    the arrive (local or remote) is release.cta and the producer's wait acquire.cta. Only a
+//    write-after-read order crosses the CTAs here (the warp's shared-memory reads of stage s are
+//    complete at its wgmma.wait_group / before its arrive is issued; the peer's TMA writes come
+//    after the peer observed the arrive); no data is published through empty[s]. Cluster scope
+//    would cost MEMBAR.ALL.GPU per arrive and CCTL.IVALL (L1 flush: the scale rows' L1 lines)
+//    per wait (both seen in the SASS). The math warps' full[s] wait stays acquire.cta (TMA
+//    complete_tx makes the bytes visible, as without clusters).
+//  - Start: barrier.cluster arrive.release / wait.acquire by all threads of both CTAs after the
+//    mbarrier init (+ fence.mbarrier_init.release.cluster), before any TMA or remote arrive: no
+//    complete_tx or arrive reaches an uninitialised barrier of the peer.
+//  - Exit: the same cluster barrier after every role finished (also after a timeout): no CTA exits
+//    while the peer may still arrive on its empty barriers. Multicast writes into a CTA are all
+//    counted by its own full barriers, which its math warps waited for (or timed out on).
+//  - Errors: every mbarrier wait keeps its time limit; a CTA that stops (timeout) stops arriving,
+//    so the partner's waits time out too (<= kPipelineTimeoutNs each, at most a few in sequence)
+//    and both reach the exit cluster barrier: an error is reported, nothing hangs.
 // The functions take all state (shared memory plan, barriers, iteration counter) from the caller,
 // so a fused kernel can run them inside its own warp roles.
 #pragma once
@@ -45,14 +81,21 @@ __device__ __forceinline__ void report_error(int* err, int code) {
 // wgmmas, measured slower at 128 tokens per tile: 496 vs 675 TFLOPS; docs/perf-notes.md.)
 enum class WeightPath { kSmem, kRegs };
 
-template <int kBlockN_, int kNumStages_, WeightPath kPath_ = WeightPath::kSmem, int kCtasPerSm_ = 1>
+template <int kBlockN_, int kNumStages_, WeightPath kPath_ = WeightPath::kSmem, int kCtasPerSm_ = 1,
+          bool kMulticast_ = false>
 struct MainloopConfig {
   static constexpr int kBlockN = kBlockN_;      // tokens per tile (wgmma N)
   static constexpr int kNumStages = kNumStages_;
   static constexpr WeightPath kPath = kPath_;
   static constexpr int kCtasPerSm = kCtasPerSm_;  // CTAs resident per SM (registers and smem split)
+  // Token tile shared by a 2-CTA cluster (adjacent weight n-blocks), each CTA TMA-loading half of it
+  // with multicast to both (contract at the top of this file). Launch with cluster dims (2, 1, 1).
+  static constexpr bool kMulticast = kMulticast_;
+  static constexpr int kClusterN = kMulticast ? 2 : 1;
   static constexpr int kBlockK = WL::kBlockK;
   static constexpr int kTokenTileBytes = kBlockN * kBlockK;  // FP8, 128-byte swizzled rows
+  static constexpr int kTmaBoxRows = kBlockN / kClusterN;     // token rows per CTA's TMA box
+  static constexpr int kTmaBoxBytes = kTmaBoxRows * kBlockK;
   static constexpr int kWeightBytes = kPath == WeightPath::kSmem ? WL::kBlockChunkBytes : 0;  // per stage
   // Token scales, grouped by lane quad (see scale_slot); each quad's run padded by 4 floats so the
   // 4 quads' vector loads fall in different banks (unpadded, kBlockN / 4 floats apart they all hit
@@ -61,7 +104,7 @@ struct MainloopConfig {
   static constexpr int kScaleBytes = 4 * kScaleQuadFloats * 4;
   static constexpr int kProducerThreads = 128;  // the producer warpgroup: all 4 warps copy scales
   static constexpr int kFullArrivals = 1 + kProducerThreads;
-  static constexpr int kEmptyArrivals = kMathThreads / 32;
+  static constexpr int kEmptyArrivals = kMathThreads / 32 * kClusterN;  // math warps of all CTAs of the cluster
   static constexpr int kAccRegs = kBlockN / 2;
 
   // Shared memory plan (offsets from a 1024-byte aligned base).
@@ -76,6 +119,10 @@ struct MainloopConfig {
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
   static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
+  static_assert(kTmaBoxBytes % 1024 == 0 && kTmaBoxRows <= 256,
+                "each CTA's half tile starts on a swizzle atom (same layout as one full box); TMA box <= 256 rows");
+  static_assert(!kMulticast || (kPath == WeightPath::kRegs && kCtasPerSm == 1),
+                "token multicast is implemented for the kRegs loop (mma_stream_regs) only");
   static_assert(kWeightBytes % 16 == 0 && kWeightOff % 16 == 0, "bulk copy alignment");
   // 227 KB per SM for all resident CTAs, 1 KB of which the system reserves per CTA.
   static_assert(kSmemBytes <= 232448 / kCtasPerSm - (kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
@@ -147,24 +194,40 @@ __device__ __forceinline__ const uint8_t* tile_weights(const WeightOperand& w, c
 // one tile into the ring; thread 0 issues the bulk copies, every thread copies the scales of
 // tokens ptid, ptid + 128, ... (one copy per thread per stage at 128 tokens: a single warp's four
 // strided 4-byte copies per stage kept it busy most of the time). Returns false on timeout.
+// Multicast (Cfg::kMulticast): `cta_rank` is this CTA's cluster rank; thread 0 loads only its half
+// of the token tile, into both CTAs, and arms full[s] for the whole tile (contract at the top).
 template <class Cfg>
 __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                              const WeightOperand& w, const TokenOperand& x,
                                              const GroupedProblem& pb, const Tile& t, uint32_t& iter,
-                                             int ptid, int* err) {
+                                             int ptid, int* err, uint32_t cta_rank = 0) {
   const int k_blocks = pb.k / Cfg::kBlockK;
   const uint8_t* wsrc = tile_weights(w, pb, t);
+  // First token row of this CTA's TMA box. Multicast: rank 1's half starts 64 rows in; if that is
+  // past the tensor's last row, every row of that half is past it too (no valid token of the tile
+  // lives there: t.rows <= rows - row0 <= 64), so any in-bounds start will do. Clamped so no box is
+  // entirely out of bounds (partial boxes are zero-filled and count their full bytes, as today).
+  int32_t box_row = int32_t(t.row0);
+  if constexpr (Cfg::kMulticast)
+    box_row = int32_t(min(t.row0 + int64_t(cta_rank) * Cfg::kTmaBoxRows, pb.rows - 1));
   RingPos<Cfg> pos = RingPos<Cfg>::at(iter);
   for (int kb = 0; kb < k_blocks; ++kb, ++iter, pos = pos.next()) {
     const int s = pos.stage;
     const uint32_t phase = pos.phase;
+    // Multicast: empty[s] completes with the peer CTA's arrivals too (CTA-scope acquire suffices:
+    // contract at the top of this file).
     if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, kPipelineTimeoutNs)) {
       report_error(err, kErrTimeoutEmpty);
       return false;
     }
     if (ptid == 0) {
       ptx::mbar_arrive_expect_tx(sm.full(s), Cfg::kTokenTileBytes + Cfg::kWeightBytes);
-      ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, int32_t(t.row0));
+      if constexpr (Cfg::kMulticast) {
+        ptx::tma_load_2d_multicast(tmap, sm.full(s), sm.tokens(s) + cta_rank * Cfg::kTmaBoxBytes, kb * Cfg::kBlockK,
+                                   box_row, uint16_t((1u << Cfg::kClusterN) - 1));
+      } else {
+        ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, box_row);
+      }
       if constexpr (Cfg::kPath == WeightPath::kSmem) {
         ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
       } else {  // the math threads load this chunk themselves ~kNumStages K blocks from now: warm L2
@@ -284,12 +347,24 @@ __device__ __forceinline__ void load_token_scales(const SmemView<Cfg>& sm, int s
   }
 }
 
+// Shared::cluster address of empty(0) in the CTA this lane releases stages of (multicast: lane r
+// arrives on rank r's barriers, lanes >= kClusterN arrive nowhere). Computed once per thread.
+template <class Cfg>
+__device__ __forceinline__ uint32_t empty_release_addr(const SmemView<Cfg>& sm, int lane) {
+  if constexpr (!Cfg::kMulticast) return 0;
+  uint32_t addr = ptx::mapa_shared_cluster(sm.empty(0), uint32_t(lane % Cfg::kClusterN));
+  asm volatile("" : "+r"(addr));  // kept in a register
+  return addr;
+}
+
 // Waits until at most kPending wgmma groups are in flight (so stage s's group is done), releases
-// stage s to the producer, promotes: acc += part * scale.
+// stage s to the producer(s), promotes: acc += part * scale. Multicast: `empty_cl` is
+// empty_release_addr(sm, lane); the warp arrives on empty[s] of every CTA of the cluster.
 template <class Cfg, int kPending = 0>
 __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int lane,
                                              const uint32_t (&a)[WL::kStepsPerBlockK][4], float (&part)[Cfg::kAccRegs],
-                                             const float (&scale)[Cfg::kBlockN / 4], float (&acc)[Cfg::kAccRegs]) {
+                                             const float (&scale)[Cfg::kBlockN / 4], float (&acc)[Cfg::kAccRegs],
+                                             uint32_t empty_cl = 0) {
   ptx::wgmma_wait<kPending>();
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
@@ -300,7 +375,12 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
     for (int r = 0; r < 4; ++r) ptx::fence_operand(const_cast<uint32_t&>(a[st][r]));
   // Every lane's wgmma reads of stage s completed at the wait above, before lane 0 arrives.
   __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.empty(s));
+  if constexpr (Cfg::kMulticast) {
+    // Lane r releases the stage in rank r: both producers' multicasts write into this CTA's stage.
+    if (lane < Cfg::kClusterN) ptx::mbar_arrive_cluster(empty_cl + uint32_t(s) * 8u);
+  } else {
+    if (lane == 0) ptx::mbar_arrive(sm.empty(s));
+  }
 #pragma unroll
   for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
     acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[2 * j], acc[4 * j + 0]);
@@ -400,9 +480,12 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 // Per K block: wgmmas on fragments decoded one block earlier; under them, decode the next block
 // from raw bytes loaded two blocks earlier and load the raw bytes of the block after that.
 // `epilogue(tile, acc, tile_index)` runs after a tile's last K block. Returns false on timeout.
+// Multicast: the scheduler is the cluster's pair scheduler; dummy tiles (rows 0) are computed in
+// lock-step with the partner but get no epilogue (and do not advance the epilogue's tile counter).
 template <class Cfg, int kBlockRows, class Epilogue>
 __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const GroupedProblem& pb,
-                                                const WeightOperand& w, GroupedScheduler<Cfg::kBlockN, kBlockRows> sched,
+                                                const WeightOperand& w,
+                                                GroupedScheduler<Cfg::kBlockN, kBlockRows, Cfg::kClusterN> sched,
                                                 int wg, int tid_in_wg, int* err, Epilogue&& epilogue) {
   static_assert(Cfg::kPath == WeightPath::kRegs, "the kSmem path runs mma_tile");
   constexpr int kSteps = WL::kStepsPerBlockK;
@@ -411,9 +494,10 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   const int k_blocks = pb.k / Cfg::kBlockK;
   const DecodeOffsets off(wg, tid_in_wg);
   const uint32_t scale_off = scale_offset<Cfg>(lane);
+  const uint32_t empty_cl = empty_release_addr(sm, lane);
 
   // Load cursor: flat K blocks loaded so far (`loaded`), its tile and K block.
-  GroupedScheduler<Cfg::kBlockN, kBlockRows> load_sched = sched;
+  GroupedScheduler<Cfg::kBlockN, kBlockRows, Cfg::kClusterN> load_sched = sched;
   Tile lt;
   bool l_valid = load_sched.next(lt);
   int l_kb = 0;
@@ -449,7 +533,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   uint32_t tiles = 0;
   // After a tile's last K block: its epilogue, then the next tile. Returns false at the CTA's end.
   auto end_tile = [&]() -> bool {
-    epilogue(t, acc, tiles++);
+    if (!Cfg::kMulticast || t.rows > 0) epilogue(t, acc, tiles++);
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
     kb = 0;
@@ -471,7 +555,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     asm volatile("" ::: "memory");
     float scale[Cfg::kBlockN / 4];
     load_token_scales(sm, s, scale_off, scale);
-    retire_block(sm, s, lane, a, part, scale, acc);
+    retire_block(sm, s, lane, a, part, scale, acc, empty_cl);
     ++iter;
     pos = pos.next();
     if (++kb == k_blocks && !end_tile()) return 1;

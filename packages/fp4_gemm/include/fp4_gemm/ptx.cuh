@@ -1,5 +1,5 @@
-// Low-level PTX wrappers for sm_90a: mbarrier, TMA / bulk copies, cp.async, proxy fences, wgmma
-// fences, setmaxnreg. This is the one place these live; symm_comm and megamoe include it.
+// Low-level PTX wrappers for sm_90a: mbarrier, clusters, TMA / bulk copies (multicast), cp.async,
+// proxy fences, wgmma fences, setmaxnreg. This is the one place these live; symm_comm and megamoe include it.
 #pragma once
 #include <cstdint>
 #include <cuda.h>  // CUtensorMap (type only: no libcuda link)
@@ -51,6 +51,56 @@ __device__ __forceinline__ bool mbar_wait(uint64_t* bar, uint32_t parity, uint64
   return true;
 }
 
+// ---------------------------------------------------------------- thread block clusters
+// This CTA's rank in its cluster (0 .. cluster size - 1; the bit of a multicast mask).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The cluster's index in the grid along x, and the number of clusters along x.
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t num_clusters_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+// `mapa`: the shared::cluster address of the object at this CTA's shared address `p` in the CTA of
+// rank `cta_rank` (same CTA-relative offset; the own rank gives this CTA's object).
+__device__ __forceinline__ uint32_t mapa_shared_cluster(const void* p, uint32_t cta_rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(cta_rank));
+  return r;
+}
+// Arrive (count 1) on an mbarrier given by a shared::cluster address (from mapa_shared_cluster),
+// possibly in another CTA of the cluster. Release at CTA scope (the PTX default, as CUTLASS's
+// ClusterBarrier::arrive(cta_id)): for releasing a stage to the peer's producer only a
+// write-after-read order is needed (this thread's reads of its own shared memory, done before the
+// arrive, vs. the peer's later TMA writes there); no data is published through the barrier.
+// `.release.cluster` would compile to MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + CGAERRBAR before every
+// arrive (seen in the SASS), waiting on the math warps' in-flight global weight loads.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar_addr) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar_addr) : "memory");
+}
+// Cluster-wide execution barrier split in arrive / wait (every non-exited thread of every CTA of
+// the cluster arrives before any wait returns). Not `.aligned`: threads of a warp may reach it on
+// different paths (an error return). No time limit exists for it: callers reach it only after
+// every time-limited wait of theirs has returned.
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive_release();
+  cluster_wait_acquire();
+}
+
 // ---------------------------------------------------------------- async copies
 // 2D tiled TMA load (global -> shared), completion counted on `bar` in bytes.
 __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, uint64_t* bar, void* dst, int32_t c0,
@@ -58,6 +108,16 @@ __device__ __forceinline__ void tma_load_2d(const CUtensorMap* map, uint64_t* ba
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
       ::"r"(smem_addr(dst)), "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1) : "memory");
+}
+// 2D tiled TMA load multicast to every CTA of the cluster whose bit is set in `cta_mask` (bit =
+// cluster rank): the box lands at the same CTA-relative shared offset `dst` in each of them, and each
+// destination's mbarrier at the CTA-relative offset of `bar` receives complete_tx of the box bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(const CUtensorMap* map, uint64_t* bar, void* dst, int32_t c0,
+                                                      int32_t c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5}], [%2], %3;"
+      ::"r"(smem_addr(dst)), "l"(map), "r"(smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1) : "memory");
 }
 // 1D bulk copy of `bytes` (multiple of 16, 16-byte aligned both sides), completion on `bar`.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -3,8 +3,19 @@
 // running at the same time share a weight block (read once from HBM, then from L2).
 // Group sizes are read from device memory (no host sync), the same way by every thread, so all
 // warp roles of a CTA walk the same tile sequence.
+//
+// Clusters (kClusterN = 2, token-tile multicast): the unit of work is a tile PAIR, the same token
+// tile (group, m-block) with weight n-blocks 2p (cluster rank 0) and 2p + 1 (rank 1). Both CTAs of a
+// cluster walk the same pair sequence (cluster index, step = number of clusters), so they agree on
+// every tile and, K being the same for all tiles, on every pipeline stage. When a group's n-block
+// count is odd, its last pair has no n-block for rank 1: that CTA gets a DUMMY tile (rows = 0,
+// n_block = the partner's, same token tile) which it loads and computes in lock-step (its token
+// half is multicast to the partner) but whose epilogue is skipped. Groups with 0 rows have no
+// pairs, exactly as they have no tiles without clusters.
 #pragma once
 #include <cstdint>
+
+#include "fp4_gemm/ptx.cuh"
 
 namespace fp4_gemm {
 
@@ -25,19 +36,32 @@ struct Tile {
   int group;
   int n_block;
   int64_t row0;  // first activation / output row of this tile
-  int rows;      // valid rows (tokens) in this tile, 1..BLOCK_N
+  int rows;      // valid rows (tokens) in this tile, 1..BLOCK_N; 0: a cluster's dummy tile (never stored)
 };
 
-template <int kBlockN, int kBlockRows>
+template <int kBlockN, int kBlockRows, int kClusterN = 1>
 struct GroupedScheduler {
+  static_assert(kClusterN == 1 || kClusterN == 2, "clusters of 1 or 2 CTAs along the weight n-blocks");
   const GroupedProblem& pb;
-  int next_tile;
+  int next_tile;         // in units of kClusterN tiles (one per CTA of the cluster)
+  int step;
+  int rank = 0;          // this CTA's n-block within a unit
   int group = 0;
-  int tiles_before = 0;  // tiles of groups < group
+  int tiles_before = 0;  // units of groups < group
   int64_t g_row0 = 0;
   int g_m = 0;
 
-  __device__ GroupedScheduler(const GroupedProblem& p) : pb(p), next_tile(blockIdx.x) { load_group(); }
+  __device__ GroupedScheduler(const GroupedProblem& p) : pb(p) {
+    if constexpr (kClusterN == 1) {
+      next_tile = blockIdx.x;
+      step = gridDim.x;
+    } else {
+      next_tile = int(ptx::cluster_id_x());
+      step = int(ptx::num_clusters_x());
+      rank = int(ptx::cluster_ctarank());
+    }
+    load_group();
+  }
 
   // Reads group `group`'s rows; malformed sizes are clamped to the tensor (never read past it).
   __device__ void load_group() {
@@ -54,17 +78,24 @@ struct GroupedScheduler {
 
   __device__ bool next(Tile& t) {
     const int n_blocks = pb.n / kBlockRows;
+    const int n_units = (n_blocks + kClusterN - 1) / kClusterN;
     while (group < pb.num_groups) {
       const int m_blocks = (g_m + kBlockN - 1) / kBlockN;
-      const int tiles = m_blocks * n_blocks;
+      const int tiles = m_blocks * n_units;
       if (next_tile < tiles_before + tiles) {
         const int local = next_tile - tiles_before;
         const int mb = local % m_blocks;
         t.group = group;
-        t.n_block = local / m_blocks;
+        t.n_block = (local / m_blocks) * kClusterN + rank;
         t.row0 = g_row0 + int64_t(mb) * kBlockN;
         t.rows = min(kBlockN, g_m - mb * kBlockN);
-        next_tile += gridDim.x;
+        if constexpr (kClusterN > 1) {
+          if (t.n_block >= n_blocks) {  // odd n-block count, last pair: the dummy tile
+            t.n_block = n_blocks - 1;
+            t.rows = 0;
+          }
+        }
+        next_tile += step;
         return true;
       }
       tiles_before += tiles;
