@@ -351,10 +351,13 @@ __device__ __forceinline__ void load_token_scales(const SmemView<Cfg>& sm, int s
 // arrives on rank r's barriers, lanes >= kClusterN arrive nowhere). Computed once per thread.
 template <class Cfg>
 __device__ __forceinline__ uint32_t empty_release_addr(const SmemView<Cfg>& sm, int lane) {
-  if constexpr (!Cfg::kMulticast) return 0;
-  uint32_t addr = ptx::mapa_shared_cluster(sm.empty(0), uint32_t(lane % Cfg::kClusterN));
-  asm volatile("" : "+r"(addr));  // kept in a register
-  return addr;
+  if constexpr (Cfg::kMulticast) {
+    uint32_t addr = ptx::mapa_shared_cluster(sm.empty(0), uint32_t(lane % Cfg::kClusterN));
+    asm volatile("" : "+r"(addr));  // kept in a register
+    return addr;
+  } else {
+    return 0;
+  }
 }
 
 // Waits until at most kPending wgmma groups are in flight (so stage s's group is done), releases

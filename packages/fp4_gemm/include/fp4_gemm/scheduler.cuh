@@ -8,9 +8,10 @@
 // tile (group, m-block) with weight n-blocks 2p (cluster rank 0) and 2p + 1 (rank 1). Both CTAs of a
 // cluster walk the same pair sequence (cluster index, step = number of clusters), so they agree on
 // every tile and, K being the same for all tiles, on every pipeline stage. When a group's n-block
-// count is odd, its last pair has no n-block for rank 1: that CTA gets a DUMMY tile (rows = 0,
+// count is odd, its last n-pair has no n-block for rank 1: that CTA gets DUMMY tiles (rows = 0,
 // n_block = the partner's, same token tile) which it loads and computes in lock-step (its token
-// half is multicast to the partner) but whose epilogue is skipped. Groups with 0 rows have no
+// half is multicast to the partner) but whose epilogue is skipped (wasted work: 1 / n_blocks of
+// the tiles when n_blocks is odd; none at the benchmark shapes). Groups with 0 rows have no
 // pairs, exactly as they have no tiles without clusters.
 #pragma once
 #include <cstdint>
