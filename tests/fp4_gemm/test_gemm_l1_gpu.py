@@ -13,7 +13,10 @@ from gemm_cases import fresh_generator, check_l1, l1_reference, random_tokens, r
 @pytest.mark.parametrize("G,I,K,sizes,block_n", [(4, 128, 512, [0, 37, 130, 5], None), (2, 384, 7168, [70, 9], None),
                                                  (8, 64, 256, [1, 0, 300, 64, 65, 0, 7, 128], None),
                                                  # 3 weight n-blocks (odd: a 2-CTA cluster's dummy tile), 128 tokens
-                                                 (5, 192, 1024, [0, 200, 5, 129, 0], 128)])
+                                                 (5, 192, 1024, [0, 200, 5, 129, 0], 128),
+                                                 # 134 tile pairs (> the ~66 clusters): CTAs run several pairs,
+                                                 # dummy tiles between real ones (L1 buffer parity skips them)
+                                                 (4, 192, 512, [4000, 3000, 1000, 300], 128)])
 @pytest.mark.parametrize("clamp,pow2", [(float("inf"), False), (1.0, False), (float("inf"), True)])
 def test_l1_contiguous(G, I, K, sizes, block_n, clamp, pow2):
     gen = fresh_generator()
