@@ -168,7 +168,10 @@ int launch(const GemmArgs& a, const void* x, int num_sms, cudaStream_t stream) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, map, a);
-    if (e != cudaSuccess) return int(e);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return int(e);
+    }
   } else {
     kernel<<<num_sms * Cfg::kCtasPerSm, kThreads, Cfg::kSmemBytes, stream>>>(map, a);
   }
