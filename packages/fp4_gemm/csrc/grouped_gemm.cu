@@ -9,11 +9,12 @@
 #include "fp4_gemm_api.h"
 #include "tensor_map.h"
 
-// FP4_TOKEN_MULTICAST (compile-time, default off until measured; -DFP4_TOKEN_MULTICAST defines it
-// as 1): the 128-token kRegs kernel runs as 2-CTA clusters sharing each token tile through TMA
-// multicast (MainloopConfig::kMulticast).
+// FP4_TOKEN_MULTICAST (compile-time, default on; -DFP4_TOKEN_MULTICAST=0 turns it off): the
+// 128-token kRegs kernel runs as 2-CTA clusters sharing each token tile through TMA multicast
+// (MainloopConfig::kMulticast). Measured +2-3 % prefill on H200 (docs/perf-notes.md): each CTA
+// pulls half the token tile from L2, the feed that capped the loop.
 #ifndef FP4_TOKEN_MULTICAST
-#define FP4_TOKEN_MULTICAST 0
+#define FP4_TOKEN_MULTICAST 1
 #endif
 
 namespace fp4_gemm {
