@@ -1,6 +1,9 @@
 // Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh
 // and symm_comm/metadata.cuh. One cooperative launch: stage + phase A push -> one-hop cross-rank
 // barrier -> phase B pull -> last CTA out publishes the epoch.
+// Push mode (SYMM_DISPATCH_PUSH=1, default): phase A without the staging copy -> one-hop barrier ->
+// every owner's tables -> phase B push (this rank's rows into the owners) -> one-hop "done" barrier ->
+// last CTA out publishes the epoch.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -11,11 +14,17 @@ namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 constexpr int kPullUnroll = 16;  // a whole row (H <= 8192) per lane batch: one round trip per row
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
+constexpr int kPushUnroll = 14;  // H 7168: 448 vectors = 14 per lane, one batch (16 spills)
+constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
 
-template <typename IdxT>
+// kPush: the push path (a.push == 1); a separate instantiation so the pull kernel's code (and register
+// allocation) stays what it was.
+template <typename IdxT, bool kPush>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic) {
+  // a.push (host: SYMM_DISPATCH_PUSH) selects the push path; pull_dynamic also selects the dynamic
+  // distribution of the push items (same counter word).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -24,7 +33,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
   const ErrSink& err = call.err;
   a.parity = (int)(epoch & 1);
+  a.push = kPush ? 1 : 0;  // a compile-time constant inside (the metadata's push-only stores fold away)
   const PoolTables t = PoolTables::carve(smem, L);
+  constexpr bool push = kPush;
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
   if (st0) stamp(local, L, 0);
@@ -46,7 +57,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     const Stagers sg = Stagers::of(W, G);
     clear_combine_buckets(sg, L, local);
-    stage_inputs<IdxT>(sg, L, local, a, err);
+    clear_push_hist(sg, L, local, a.parity);
+    if constexpr (push) stage_push<IdxT>(sg, L, local, a, err);  // kmask + bucket sizes, no staging copy
+    else stage_inputs<IdxT>(sg, L, local, a, err);
   }
   if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
   else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
@@ -60,14 +73,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (st0) stamp(local, L, 2);
     // Phase B
     build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
-    if (!check_capacity(W, L, t, a.masked != 0, err)) {
-      pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
-    } else {
-      if (blockIdx.x == 0) publish_layout(W, L, local, t);
-      pad_blocks(W, L, local, t);
+    if constexpr (push) {
+      // Contract of the peer stores below: every owner d arrived at the one-hop barrier (acquired
+      // above) only from inside its dispatch kernel of this epoch, so every earlier kernel on d's
+      // stream (the previous combine reading cmb_hist / cmb_order / row_src, consumers of the pool)
+      // has completed: nobody reads the regions we store into. The owner reads what we store only
+      // after the "done" barrier below (or, a fused consumer, after acquiring arrivals[block]).
+      const PushTables pt = PushTables::carve(smem + symm_tables_smem_ints(&L), L);
+      build_push_tables(W, L, pt, meta_all(local, L, a.parity), a.masked != 0);
+      if (!check_capacity(W, L, t, a.masked != 0, err)) {
+        pad_blocks(W, L, local, t, /*aborted=*/true, /*sys_scope=*/true);
+      } else {
+        if (blockIdx.x == 0) publish_layout(W, L, local, t);
+        pad_blocks(W, L, local, t, false, /*sys_scope=*/true);
+      }
       if (st0) stamp(local, L, 3);
-      pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
-                             pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
+      push_bucket_counts(W, L, s_peers, local, pt, a.parity);
+      push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, pull_dynamic ? pull_counter(local, L, a.parity) : nullptr);
+      __syncthreads();
+      if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push mode only)
+      // Completion: this CTA's stores (every thread fence.acq_rel.sys, bar.sync, red.release.sys per
+      // rank) -> every rank's signal row SYMM_SIG_DISPATCH_DONE; then wait (ld.acquire.sys, time limit,
+      // phase DISPATCH_PUSH_DONE) until every CTA of every source finished storing into this rank.
+      cta_rank_barrier_counted(s_peers, local, L, SYMM_SIG_DISPATCH_DONE, epoch, deadline, err,
+                               SYMM_PHASE_DISPATCH_PUSH_DONE);
+    } else {
+      if (!check_capacity(W, L, t, a.masked != 0, err)) {
+        pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
+      } else {
+        if (blockIdx.x == 0) publish_layout(W, L, local, t);
+        pad_blocks(W, L, local, t);
+        if (st0) stamp(local, L, 3);
+        pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
+                               pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
+      }
     }
   }
   // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
@@ -85,6 +124,7 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
     state_epoch(local, L)[SYMM_OP_DISPATCH] = e_d;
     state_epoch(local, L)[SYMM_OP_COMBINE] = e_c;
     for (int op = 0; op < SYMM_NUM_OPS; ++op) *state_grid_bar(local, L, op) = 0u;
+    for (int i = 10; i < 12; ++i) state_stamps(local, L)[i] = 0;  // push-mode stamp (10); 11 unused
     *at<uint32_t>(local, L.off_state + SYMM_STATE_META_BAR) = 0u;  // a timed-out metadata barrier leaves it mid-count
     for (int p = 0; p < 2; ++p) *pull_counter(local, L, p) = 0u;  // a timed-out call may leave its counter used
     for (int w = 0; w < SYMM_ERR_WORDS; ++w) state_err(local, L)[w] = 0;
@@ -97,11 +137,14 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
   for (int64_t r = i; r < L.num_ranks; r += nthr) {
     signals(local, L, SYMM_OP_DISPATCH)[r] = e_d << 32;
     signals(local, L, SYMM_OP_COMBINE)[r] = e_c;
+    signals(local, L, SYMM_SIG_DISPATCH_DONE)[r] = e_d << 32;  // counted like the dispatch row
   }
   uint32_t* ca = cmb_arr(local, L, 0);
   for (int64_t j = i; j < 2 * L.cmb_arr_half / 4; j += nthr) ca[j] = 0u;
   int32_t* h = cmb_hist(local, L);
   for (int64_t j = i; j < (int64_t)L.num_ranks * L.num_chunks; j += nthr) h[j] = 0;
+  int32_t* ph = push_hist(local, L, 0, 0);  // both parities, both counters (a timed-out call leaves them used)
+  for (int64_t j = i; j < 4 * (int64_t)L.num_ranks * L.num_chunks; j += nthr) ph[j] = 0;
 }
 }  // namespace
 
@@ -123,17 +166,25 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
-  const size_t smem = (size_t)(onepass && meta > tables ? meta : tables) * 4;
+  // SYMM_DISPATCH_PUSH=1 (default): push dispatch (sources store their rows into the owners' pools,
+  // SM-issued peer WRITES, no staging copy); 0: the pull path (owners read the sources' staging), A/B
+  // and fallback. Read once per process: the "done" signal row only counts push calls, so every rank
+  // must use the same mode, and a process must not switch modes between calls. Push also needs the
+  // pool + push tables in shared memory (always at the usual sizes; else the pull path runs).
+  static const int push_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 1);
+  const int64_t push_tables = tables + symm::symm_push_smem_ints(&L);
+  a.push = push_env != 0 && push_tables * 4 <= kMaxPushSmem;
+  const int64_t need = a.push ? push_tables : tables;
+  const size_t smem = (size_t)(onepass && meta > need ? meta : need) * 4;
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row_dynamic);
   // 2: two items per grab (at R = 2 one row of each source; half the atomics).
   static const int pull_env = symm_host::env_int("SYMM_PULL_DYNAMIC", 1);
   static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
-  if (idx_bytes == 8)
-    return symm_host::launch_coop(symm_dispatch_kernel<int64_t>, kThreads, smem, num_sms, stream, L, peers, a,
-                                  host_err, (uint64_t)timeout_ns, onepass, pull_dynamic);
-  return symm_host::launch_coop(symm_dispatch_kernel<int32_t>, kThreads, smem, num_sms, stream, L, peers, a, host_err,
-                                (uint64_t)timeout_ns, onepass, pull_dynamic);
+  auto kernel = idx_bytes == 8 ? (a.push ? symm_dispatch_kernel<int64_t, true> : symm_dispatch_kernel<int64_t, false>)
+                                : (a.push ? symm_dispatch_kernel<int32_t, true> : symm_dispatch_kernel<int32_t, false>);
+  return symm_host::launch_coop(kernel, kThreads, smem, num_sms, stream, L, peers, a, host_err, (uint64_t)timeout_ns,
+                                onepass, pull_dynamic);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

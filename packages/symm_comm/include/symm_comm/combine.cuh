@@ -54,13 +54,14 @@ struct CombineSchedule {
 };
 
 // Builds the list (all threads of the group; every group builds the same one). The buckets were
-// written by the last dispatch (an earlier launch on this stream, local memory).
+// written by the last dispatch (an earlier launch on this stream; in push mode by the PEERS, so every
+// dispatch-written word is read with coherent loads, never through the non-coherent path).
 __device__ __forceinline__ void build_combine_schedule(const Workers& W, const SymmLayout& L, uint64_t local,
                                                        int num_tokens, int lag_mult, CombineSchedule& s) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t* hg = cmb_hist(local, L);
   const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
-  for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(__ldg(hg + i), 0), cap);
+  for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(ptx::ld_relaxed_sys_s32(hg + i), 0), cap);
   if (W.tid() == 0) s.scratch[40] = s.scratch[41] = 0;
   W.sync();
   for (int c = W.tid(); c < C; c += W.nthreads()) {
@@ -136,7 +137,8 @@ __device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uin
                                                   int parity, int32_t row, const uint16_t* expert_out,
                                                   bool with_data, int lane) {
   const int K = L.topk, T = L.max_tokens;
-  const int32_t code = __ldg(at<int32_t>(local, L.off_row_src) + row);  // written by dispatch (earlier launch)
+  // written by the last dispatch (an earlier launch; push mode: by a peer): coherent load
+  const int32_t code = ptx::ld_relaxed_sys_s32(at<int32_t>(local, L.off_row_src) + row);
   if (code < 0) return;  // never for a bucketed row; defensive
   const int32_t k = code % K, st = code / K;
   const int32_t tok = st % T, s = st / T;
@@ -229,7 +231,8 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
         }
         o -= n;
       }
-      const int32_t row = __ldg(cmb_bucket(local, L, dst, x) + o);  // written by dispatch (earlier launch)
+      // written by the last dispatch (an earlier launch; push mode: by a peer): coherent load
+      const int32_t row = ptx::ld_relaxed_sys_s32(cmb_bucket(local, L, dst, x) + o);
       combine_push_item<UNROLL>(L, peers, local, parity, row, expert_out, with_data, W.lane);
     } else {
       const int t = (x - s.lag) * chunk + o / s.ncol;

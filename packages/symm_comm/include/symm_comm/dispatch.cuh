@@ -9,6 +9,15 @@
 //   buffer.
 // Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
 //   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
+// Push mode (SYMM_DISPATCH_PUSH=1, the default; DispatchArgs::push): no staging copy. Phase A also
+//   writes every expert's count into every rank (meta_all) and keeps each id's slot locally
+//   (push_slot); after the same one-hop barrier every rank computes EVERY owner's pool positions
+//   (build_push_tables: the same integers the owner's build_pool_tables gives) and stores its own rows
+//   from the user's x / scales / weights straight into the owners' pools (push_rows, 16-byte SM stores
+//   to peer memory), with row_src, the combine bucket entry and the arrival bump; then a second one-hop
+//   barrier (signal row SYMM_SIG_DISPATCH_DONE) so no owner's kernel ends before every source is done.
+//   Every pool row, table and counter ends up identical to the pull path's (combine buckets: same
+//   contents, the order inside a bucket is atomic order in both modes; combine does not depend on it).
 #pragma once
 #include <stdint.h>
 #include "symm_comm/copy.cuh"
@@ -116,13 +125,15 @@ __device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayou
   for (int i = W.tid(); i < Lx * R; i += W.nthreads()) sc[i] = t.cnt[i];
 }
 
+// sys_scope (push mode): the arrival counters are also bumped by the peers (red.release.sys), so the
+// padding bumps use system scope too (atomics of mixed scopes on one word are not morally strong).
 // Padding: one warp per pool block; marks padding rows row_src = -1 and adds the number of padding
 // rows of the block to its arrival counter (valid rows are added by pull_rows), so every block's
 // counter grows by exactly block_m per dispatch: arrivals[b] == epoch * block_m when complete.
 // aborted (the rows did not fit; nothing is pulled): every block gets block_m, no row is touched,
 // so the counters stay in step with the epoch for the next call.
 __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t,
-                                           bool aborted = false) {
+                                           bool aborted = false, bool sys_scope = false) {
   const int32_t U = t.le_start[L.num_local_experts];
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
@@ -144,7 +155,10 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
       for (int o = 16; o > 0; o >>= 1) pad += __shfl_xor_sync(0xffffffffu, pad, o);
     }
     __syncwarp();
-    if (W.lane == 0 && pad) ptx::red_add_release_gpu_u32(arr + b, pad);
+    if (W.lane == 0 && pad) {
+      if (sys_scope) ptx::red_add_release_sys_u32(arr + b, pad);
+      else ptx::red_add_release_gpu_u32(arr + b, pad);
+    }
   }
 }
 
@@ -214,6 +228,200 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     else for_each_pool_row_dynamic<1>(W, L, t, pull_ctr, one_row);
   } else {
     for_each_pool_row_interleaved(W, L, t, one_row);
+  }
+}
+
+
+// ==== push mode ======================================================================================
+// Shared-memory ints of the push tables (host and device): pos [E], ok [R], le_start per owner [R][L + 1].
+SYMM_LAYOUT_HD int64_t symm_push_smem_ints(const SymmLayout* L) {
+  return (int64_t)L->num_experts + L->num_ranks + (int64_t)L->num_ranks * (L->num_local_experts + 1);
+}
+
+// Every owner's pool positions of THIS source's rows: pos[e] = first pool row of (e, this rank) at the
+// owner d = e / L (= the owner's PoolTables pos[le][rank]); ok[d] = d's rows fit (the owner's
+// check_capacity gives the same answer from the same counts: the source never stores into an owner
+// that overflows, so "nothing written on overflow" holds at the owner).
+struct PushTables {
+  int32_t* pos;       // [E]
+  int32_t* ok;        // [R]
+  int32_t* le_start;  // [R][L + 1]
+  __device__ __forceinline__ static PushTables carve(int32_t* smem, const SymmLayout& L) {
+    PushTables p;
+    p.pos = smem;
+    p.ok = p.pos + L.num_experts;
+    p.le_start = p.ok + L.num_ranks;
+    return p;
+  }
+};
+
+// All threads of the group. counts: meta_all[parity] ([E][R], written by every source in phase A,
+// ordered before this by the one-hop barrier; read coherently). Counts are clamped to [0, T] as
+// build_pool_tables does, so every integer equals the owner's.
+__device__ __forceinline__ void build_push_tables(const Workers& W, const SymmLayout& L, const PushTables& p,
+                                                  const int32_t* counts, bool masked) {
+  const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens, me = L.rank;
+  for (int d = W.warp; d < R; d += W.nwarps) {
+    int32_t* ls = p.le_start + d * (Lx + 1);
+    bool bad = false;
+    for (int le = W.lane; le < Lx; le += 32) {
+      const int e = d * Lx + le;
+      int32_t tot = 0, pre = 0;
+      for (int s = 0; s < R; ++s) {
+        int32_t c = ptx::ld_relaxed_sys_s32(counts + (int64_t)e * R + s);
+        c = c < 0 ? 0 : (c > T ? T : c);
+        tot += c;
+        if (s < me) pre += c;
+      }
+      ls[le] = tot;  // le_count for now
+      p.pos[e] = pre;
+      bad |= tot > L.max_m;
+    }
+    __syncwarp();
+    bool ok;
+    if (masked) {
+      for (int le = W.lane; le < Lx; le += 32) ls[le] = le * L.max_m;
+      ok = !__any_sync(0xffffffffu, bad);
+    } else {
+      const int bm = L.block_m;
+      // in place: each lane reads its element before any lane writes (shuffles in between)
+      warp_exclusive_scan(Lx, [&](int i) { return (ls[i] + bm - 1) / bm * bm; }, ls, W.lane);
+      __syncwarp();
+      ok = (int64_t)ls[Lx] <= L.pool_rows;
+    }
+    __syncwarp();
+    for (int le = W.lane; le < Lx; le += 32) p.pos[d * Lx + le] += ls[le];
+    if (W.lane == 0) p.ok[d] = ok ? 1 : 0;
+  }
+  W.sync();
+}
+
+// Phase A of push mode (the stagers, instead of stage_inputs): kmask + bad-id reports as stage_inputs,
+// no copy, and push_hist[parity][0][d][c] += rows of token chunk c routed to owner d (local atomics;
+// the half was zeroed by the previous call or symm_reset_state; final after the one-hop barrier,
+// whose arrivals include this rank's own CTAs).
+template <typename IdxT>
+__device__ __forceinline__ void stage_push(const Stagers& st, const SymmLayout& L, uint64_t local,
+                                           const DispatchArgs& a, const ErrSink& err) {
+  const int64_t T = a.num_tokens, K = L.topk;
+  const int Lx = L.num_local_experts, C = L.num_chunks;
+  int32_t* hist = push_hist(local, L, a.parity, 0);
+  uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
+  for (int64_t t = st.gt; t < T; t += st.nt) {
+    uint32_t m = 0;
+    const int c = (int)(t / L.combine_chunk);
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = load_idx<IdxT>(a.topk_idx, t * K + k);
+      if (e >= 0 && e < L.num_experts) {
+        m |= 1u << k;
+        atomicAdd(hist + (int)(e / Lx) * C + c, 1);
+      } else if (e != -1) {
+        report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
+      }
+    }
+    kmask[t] = m;
+  }
+}
+
+// Both modes, phase A (stagers): zeroes push_hist[parity ^ 1] (both counters) for the next call. No CTA
+// of this call touches that half; the previous call (its last user) completed before this one started
+// and the next one starts after this one completed (stream order). Done in pull calls too, so mixing
+// modes between calls keeps the halves zeroed.
+__device__ __forceinline__ void clear_push_hist(const Stagers& st, const SymmLayout& L, uint64_t local, int parity) {
+  int32_t* h = push_hist(local, L, parity ^ 1, 0);
+  const int64_t n = 2 * (int64_t)L.num_ranks * L.num_chunks;  // [which][R][C] of that parity: contiguous
+  for (int64_t i = st.gt; i < n; i += st.nt) h[i] = 0;
+}
+
+// Phase B of push mode, all threads of the grid (i = W.gthread()): the final combine bucket sizes of
+// (this source, chunk c) into every owner's cmb_hist[rank][c] (one writer per (source, chunk) bucket
+// at each owner; an owner that overflows gets 0, as its pull would). Plain stores: the owner reads them
+// in a later kernel, ordered by the completion barrier (fence.acq_rel.sys + red.release.sys here,
+// ld.acquire.sys there). WAR: the owner zeroed cmb_hist in its phase A and its previous combine (the
+// last reader) ended before its dispatch started, both before its one-hop barrier arrival we acquired.
+__device__ __forceinline__ void push_bucket_counts(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                   uint64_t local, const PushTables& p, int parity) {
+  const int R = L.num_ranks, C = L.num_chunks;
+  const int32_t* hist = push_hist(local, L, parity, 0);
+  for (int64_t i = W.gthread(); i < (int64_t)R * C; i += W.total_threads()) {
+    const int d = (int)(i / C), c = (int)(i - (int64_t)d * C);
+    const int32_t v = p.ok[d] ? ptx::ld_relaxed_gpu_s32(hist + i) : 0;
+    cmb_hist(peers[d], L)[L.rank * C + c] = v;
+  }
+}
+
+// Phase B of push mode: every valid (token, k) of this rank, one warp per item q = token * K + k, stored
+// into the owner d = e / L at pool row pos[e] + slot: x row (16-byte loads of the user's tensor, 16-byte
+// stores to the owner; d == rank: a plain local copy), scales, weight, row_src, the combine bucket entry
+// cmb_bucket[rank][chunk][bslot] (bslot from the source-local push_hist[parity][1], one writer per
+// bucket), then arrivals[row / block_m] += 1 at the owner: every lane fence.acq_rel.sys, __syncwarp,
+// lane 0 red.release.sys (combine_push_item's pattern): a consumer that acquires the counter sees the row.
+// ctr: null = static stride over the items; else this call's work counter (pull_counter(parity), zero
+// at the call's start; same rules as pull_rows), used when items > 2 x warps.
+template <int UNROLL, typename IdxT>
+__device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                          uint64_t local, const DispatchArgs& a, const PushTables& p,
+                                          uint32_t* ctr) {
+  const int K = L.topk, T = L.max_tokens, Lx = L.num_local_experts, C = L.num_chunks;
+  const int64_t H = L.hidden, S = L.scale_cols;
+  const int32_t N = a.num_tokens * K;  // < 2^31 (symm_layout_compute)
+  const int32_t* my_slot = push_slot(local, L);
+  int32_t* bctr = push_hist(local, L, a.parity, 1);
+  const uint8_t* xin = static_cast<const uint8_t*>(a.x);
+  auto one_item = [&](int32_t q) {
+    const int64_t e = load_idx<IdxT>(a.topk_idx, q);
+    if (e < 0 || e >= L.num_experts) return;  // -1 sends nothing; out of range: reported in phase A
+    // written in phase A by (maybe) another CTA, ordered by the one-hop barrier: coherent load
+    const int32_t slot = ptx::ld_relaxed_gpu_s32(my_slot + q);
+    if (slot < 0 || slot >= T) return;  // slot overflow (reported in phase A; the pull drops these too)
+    const int d = (int)(e / Lx);
+    if (!p.ok[d]) return;  // the owner overflows: nothing is stored into it (it reports)
+    const int32_t row = p.pos[e] + slot;
+    const int32_t tok = q / K, k = q - tok * K;
+    const int c = tok / L.combine_chunk;
+    const uint64_t dst = peers[d];
+    int32_t bslot = 0;
+    if (W.lane == 0) bslot = atomicAdd(bctr + d * C + c, 1);
+    const int32_t* s_src = reinterpret_cast<const int32_t*>(a.scales) + (int64_t)tok * S;
+    int32_t* s_dst = at<int32_t>(dst, L.off_pool_s) + (int64_t)row * S;
+    int32_t sv[kPullScaleRegs];
+#pragma unroll
+    for (int u = 0; u < kPullScaleRegs; ++u) {
+      const int i = u * 32 + W.lane;
+      if (i < S) sv[u] = __ldg(s_src + i);
+    }
+    float wv = 0.f;
+    if (W.lane == 0 && a.topk_w) wv = __ldg(a.topk_w + q);
+    warp_copy_v4<UNROLL, false>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)row * H),
+                                reinterpret_cast<const int4*>(xin + (int64_t)tok * H), (int)(H / 16), W.lane);
+#pragma unroll
+    for (int u = 0; u < kPullScaleRegs; ++u) {
+      const int i = u * 32 + W.lane;
+      if (i < S) s_dst[i] = sv[u];
+    }
+    constexpr int kHeld = 32 * kPullScaleRegs;
+    if (S > kHeld)
+      warp_copy_b32<false>(reinterpret_cast<uint32_t*>(s_dst + kHeld), reinterpret_cast<const uint32_t*>(s_src + kHeld),
+                           (int)(S - kHeld), W.lane);
+    if (W.lane == 0) {
+      at<float>(dst, L.off_pool_w)[row] = wv;
+      at<int32_t>(dst, L.off_row_src)[row] = (L.rank * T + tok) * K + k;
+      if (bslot < L.combine_chunk * K) cmb_bucket(dst, L, L.rank, c)[bslot] = row;
+    }
+    ptx::fence_acq_rel_sys();
+    __syncwarp();
+    if (W.lane == 0) ptx::red_add_release_sys_u32(at<uint32_t>(dst, L.off_arrivals) + row / L.block_m, 1u);
+  };
+  if (ctr && (int64_t)N > 2 * W.total_warps()) {
+    for (;;) {
+      int32_t q = 0;
+      if (W.lane == 0) q = (int32_t)ptx::atom_add_relaxed_gpu_u32(ctr, 1u);
+      q = __shfl_sync(0xffffffffu, q, 0);
+      if (q >= N) break;
+      one_item(q);
+    }
+  } else {
+    for (int64_t q = W.gwarp(); q < N; q += W.total_warps()) one_item((int32_t)q);
   }
 }
 

@@ -23,6 +23,7 @@
 #define SYMM_PHASE_COMBINE_GRID 6      // grid barrier after the peer stores
 #define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
+#define SYMM_PHASE_DISPATCH_PUSH_DONE 9  // push dispatch end: a peer has not finished storing into this rank
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
 //   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits);

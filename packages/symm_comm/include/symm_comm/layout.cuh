@@ -4,13 +4,17 @@
 // decided; the C ABI exports it (symm_layout_init) and Python mirrors the struct with ctypes.
 //
 // Regions, in order (each aligned to SYMM_REGION_ALIGN bytes):
-//   signals      u64 [SYMM_NUM_OPS][R]          written by PEERS: [dispatch][s] += 2^32 per call of s (one
+//   signals      u64 [SYMM_NUM_SIGNALS][R]      written by PEERS: [dispatch][s] += 2^32 per call of s (one
 //                                               red.release.sys per CTA of s, see barrier.cuh);
-//                                               [combine][s] = epoch s started (st.release.sys)
+//                                               [combine][s] = epoch s started (st.release.sys);
+//                                               [dispatch_done][s] += 2^32 per push-dispatch call of s, after
+//                                               s finished storing into this rank (counted like [dispatch])
 //   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, pull work counters,
 //                                               error word
 //   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
-//   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS
+//   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS (pull mode)
+//   meta_all     i32 [2][E][R]                  push mode: count of (expert e, source s), written by EVERY
+//                                               source into EVERY rank in phase A (parity = epoch & 1)
 //   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
 //   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
 //   stage_w      f32 [2][T][K]                  top-k weights
@@ -18,6 +22,11 @@
 //   meta_scan    i32 [G_max][E]                 local: dispatch phase A, per-CTA expert counts of its own
 //                                               token range, then their exclusive prefix over CTAs
 //                                               (G_max = SYMM_META_MAX_GROUPS; metadata.cuh)
+//   push_slot    i32 [T * K]                    local, push mode: slot of this rank's (token, k) at its expert
+//                                               (phase A), < 0 never read (only valid ids are read)
+//   push_hist    i32 [2][2][R][C]               local, push mode: [parity][0][d][c] rows of (owner d, token
+//                                               chunk c) counted in phase A; [parity][1][d][c] combine bucket
+//                                               slots handed out in phase B; call e zeroes [e & 1 ^ 1]
 //   cmb_hist     i32 [R][C]                     local: pool rows of (source s, token chunk c) of the last
 //                                               dispatch (C = num_chunks, chunk = combine_chunk tokens)
 //   cmb_order    i32 [R][C][chunk * K]          local: those pool rows (bucket (s, c) holds <= chunk * K)
@@ -40,10 +49,12 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 4  // 4: state word SYMM_STATE_PULL_CTR
+#define SYMM_LAYOUT_VERSION 5  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2)
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
+#define SYMM_NUM_SIGNALS 3  // signal rows: the ops, then SYMM_SIG_DISPATCH_DONE
+#define SYMM_SIG_DISPATCH_DONE 2  // push dispatch: "source s finished storing into this rank" (counted)
 #define SYMM_REGION_ALIGN 1024
 #define SYMM_STATE_BYTES 256
 #define SYMM_MAX_TOPK 32    // kmask is a u32
@@ -87,6 +98,9 @@ typedef struct SymmLayout {
   int64_t off_pool_s;
   int64_t off_pool_w;
   int64_t off_combine;
+  int64_t off_meta_all;
+  int64_t off_push_slot;
+  int64_t off_push_hist;
   int64_t meta_count_half;  // bytes of one parity half
   int64_t meta_slots_half;
   int64_t stage_x_half;
@@ -94,6 +108,7 @@ typedef struct SymmLayout {
   int64_t stage_w_half;
   int64_t combine_half;
   int64_t cmb_arr_half;
+  int64_t meta_all_half;
   int32_t num_ranks;
   int32_t rank;
   int32_t num_experts;
@@ -162,6 +177,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->stage_w_half = symm_align_up(T * K * 4, 16);
   L->combine_half = symm_align_up(K * T * H * 2, 16);
   L->cmb_arr_half = symm_align_up(T * 4, 16);
+  L->meta_all_half = symm_align_up(E * R * 4, 16);
   // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables ((R + 5) * C ints) fit 32 KiB.
   int64_t chunk = 16;
   while ((R + 5) * ((T + chunk - 1) / chunk) > 8192) chunk *= 2;
@@ -172,15 +188,18 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
 #define SYMM_REGION(field, bytes)            \
   L->field = off;                            \
   off = symm_align_up(off + (bytes), SYMM_REGION_ALIGN);
-  SYMM_REGION(off_signals, (int64_t)SYMM_NUM_OPS * R * 8)
+  SYMM_REGION(off_signals, (int64_t)SYMM_NUM_SIGNALS * R * 8)
   SYMM_REGION(off_state, SYMM_STATE_BYTES)
   SYMM_REGION(off_meta_count, 2 * L->meta_count_half)
   SYMM_REGION(off_meta_slots, 2 * L->meta_slots_half)
+  SYMM_REGION(off_meta_all, 2 * L->meta_all_half)
   SYMM_REGION(off_stage_x, 2 * L->stage_x_half)
   SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
   SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
   SYMM_REGION(off_kmask, T * 4)
   SYMM_REGION(off_meta_scan, (int64_t)SYMM_META_MAX_GROUPS * E * 4)
+  SYMM_REGION(off_push_slot, T * K * 4)
+  SYMM_REGION(off_push_hist, 4 * R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_hist, R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_order, R * L->num_chunks * chunk * K * 4)
   SYMM_REGION(off_cmb_arr, 2 * L->cmb_arr_half)
@@ -248,6 +267,18 @@ __host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const S
                                                           int token) {
   return at<uint16_t>(base, L.off_combine + parity * L.combine_half) +
          ((int64_t)k * L.max_tokens + token) * L.hidden;
+}
+// meta_all[parity][e][s] (push mode)
+__host__ __device__ __forceinline__ int32_t* meta_all(uint64_t base, const SymmLayout& L, int parity) {
+  return at<int32_t>(base, L.off_meta_all + parity * L.meta_all_half);
+}
+// push_slot[token * K + k] (push mode, local)
+__host__ __device__ __forceinline__ int32_t* push_slot(uint64_t base, const SymmLayout& L) {
+  return at<int32_t>(base, L.off_push_slot);
+}
+// push_hist[parity][which][d][c] (push mode, local): which 0 = rows counted in phase A, 1 = slots handed out
+__host__ __device__ __forceinline__ int32_t* push_hist(uint64_t base, const SymmLayout& L, int parity, int which) {
+  return at<int32_t>(base, L.off_push_hist) + (int64_t)(2 * parity + which) * L.num_ranks * L.num_chunks;
 }
 // cmb_hist[s][c]
 __host__ __device__ __forceinline__ int32_t* cmb_hist(uint64_t base, const SymmLayout& L) {

@@ -8,6 +8,10 @@
 //                         a cross-group prefix per expert through the meta_scan region (the default);
 //   push_metadata         (larger N, SYMM_META_ONEPASS=0): the older two-pass scan of ALL ids per expert
 //                         (kept for A/B measurements and as a fallback).
+// Push mode (DispatchArgs::push, SYMM_DISPATCH_PUSH=1): the slots are NOT sent to the owner; instead each
+// id's slot is kept locally (push_slot[token * K + k], the inverse map), and every expert's count is
+// also written into EVERY rank's meta_all[parity][e][source] (all ranks then know every owner's pool
+// layout: dispatch.cuh, build_push_tables). meta_count (the owner's own tables) is written as before.
 #pragma once
 #include <stdint.h>
 #include "symm_comm/barrier.cuh"
@@ -30,8 +34,17 @@ struct DispatchArgs {
   int32_t num_tokens;    // T of this rank, <= L.max_tokens
   int32_t masked;        // 0 contiguous, 1 masked pool layout
   int32_t parity;        // epoch & 1
-  int32_t pad_;
+  int32_t push;          // 1: push dispatch (sources store rows into the owners), 0: pull (dispatch.cuh)
 };
+
+// Publishes expert e's (clamped) count of this source: the owner's meta_count (by the caller) and, in
+// push mode, every rank's meta_all[parity][e][rank]; threads i0, i0 + step, ... of the caller's group
+// take the ranks.
+__device__ __forceinline__ void push_count_all(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
+                                               int e, int32_t count, int i0, int step) {
+  if (!a.push) return;
+  for (int r = i0; r < L.num_ranks; r += step) meta_all(peers[r], L, a.parity)[e * L.num_ranks + L.rank] = count;
+}
 
 template <typename IdxT>
 __device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
@@ -59,9 +72,11 @@ __device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, in
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
 // walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
 // Slots at or past L.max_tokens are not written (the caller reports the overflow via clamp_count).
+// slots null: not sent (push mode); my_slots non-null (push mode): my_slots[id] = slot for every match.
 template <int U, typename IdxT>
 __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const void* topk_idx, int64_t beg, int64_t end,
-                                               int e, int lane, int32_t run, int32_t* slots) {
+                                               int e, int lane, int32_t run, int32_t* slots,
+                                               int32_t* my_slots = nullptr) {
   const uint32_t lt = (1u << lane) - 1u;
   for (int64_t base = beg; base < end; base += 32 * U) {
     bool m[U];
@@ -70,7 +85,8 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const void* 
     for (int u = 0; u < U; ++u) {
       const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
       const int32_t slot = run + __popc(b & lt);
-      if (m[u] && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
+      if (m[u] && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
+      if (m[u] && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
     }
   }
@@ -113,10 +129,12 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     }
     W.sync();
     // pass 2: slots (peer stores)
-    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t* slots = a.push ? nullptr : meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t* my_slots = a.push ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t total = scratch[W.nwarps];
-    if (cnt > 0) write_slots<U, IdxT>(L, a.topk_idx, beg, end, e, W.lane, scratch[W.warp], slots);
+    if (cnt > 0) write_slots<U, IdxT>(L, a.topk_idx, beg, end, e, W.lane, scratch[W.warp], slots, my_slots);
     if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
+    push_count_all(L, peers, a, e, total < L.max_tokens ? total : L.max_tokens, W.tid(), W.nthreads());
     W.sync();  // scratch reuse
   }
 }
@@ -133,9 +151,11 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   const int Lx = L.num_local_experts;
   for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
-    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
-    const int32_t run = write_slots<U, IdxT>(L, a.topk_idx, 0, N, e, W.lane, 0, slots);
+    int32_t* slots = a.push ? nullptr : meta_slots(peers[owner], L, a.parity, le, L.rank);
+    int32_t* my_slots = a.push ? push_slot(peers[L.rank], L) : nullptr;
+    const int32_t run = write_slots<U, IdxT>(L, a.topk_idx, 0, N, e, W.lane, 0, slots, my_slots);
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
+    push_count_all(L, peers, a, e, run < L.max_tokens ? run : L.max_tokens, W.lane, 32);
   }
 }
 
@@ -185,7 +205,8 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       __syncwarp();  // the update is visible to the next step
       if (kSlots && e >= 0) {
         const int32_t slot = before + __popc(same & lt);
-        if (slot < L.max_tokens)
+        if (a.push) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;  // local inverse map
+        else if (slot < L.max_tokens)
           meta_slots(peers[e / Lx], L, a.parity, e % Lx, L.rank)[slot] = (int32_t)(base + u * 32 + lane);
       }
     }
@@ -245,6 +266,7 @@ __device__ __forceinline__ bool push_metadata_onepass(const Workers& W, const Sy
   for (int e = g; e < E; e += G) {
     const int32_t total = meta_column_scan(scan + e, E, G, lane);
     if (lane == 0) meta_count(peers[e / Lx], L, a.parity)[(e % Lx) * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
+    push_count_all(L, peers, a, e, total < L.max_tokens ? total : L.max_tokens, lane, 32);
   }
   // 4.
   if (!warp_grid_barrier_gpu(bar, g == 0, (uint32_t)G, lane, deadline, err, SYMM_PHASE_DISPATCH_GRID)) return false;

@@ -22,7 +22,8 @@ CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
 PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
           4: "dispatch phase B (pool layout)", 5: "combine peer stores", 6: "combine grid barrier",
           7: "combine start (peers finishing their previous combine)",
-          8: "combine reduce (row arrivals)"}
+          8: "combine reduce (row arrivals)",
+          9: "dispatch completion (peers storing their rows into this rank, push mode)"}
 
 
 def describe(words) -> str:
