@@ -58,6 +58,8 @@ def _worker(rank, world, port, tokens):
         s = buf.raw[off:off + 12 * 8].view(torch.int64).cpu().tolist()
         t0 = s[0]
         rel = " ".join(f"{n}={(v - t0) / 1e3:.1f}" for n, v in zip(NAMES, s[:10]))
+        if s[10] > t0:  # push dispatch (SYMM_DISPATCH_PUSH=1): CTA 0 finished storing, before the done barrier
+            rel += f" d.pushed(cta0)={(s[10] - t0) / 1e3:.1f}"
         dt = sorted(t for rep in tt for t in rep[0::2])
         ct = sorted(t for rep in tt for t in rep[1::2])
         print(f"rank {rank} T={T}: {rel} | in-kernel d {(s[5] - s[0]) / 1e3:.1f} c {(s[9] - s[6]) / 1e3:.1f} "

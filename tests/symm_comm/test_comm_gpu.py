@@ -55,3 +55,21 @@ def test_comm(world, backend, scenarios):
     want = set(scenarios.split(","))
     for r in res:
         assert set(r["done"]) == want, f"rank {r['rank']} finished only {r['done']}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_comm_pull_path(world, monkeypatch):
+    """The same checks with SYMM_DISPATCH_PUSH=0 (the pull dispatch; the default is push): both paths must
+    give the exact rows, counts, arrivals and combine results the workers check (env read once per
+    process: the spawned workers inherit it)."""
+    if not _lib_ok():
+        pytest.skip("libsymm_comm.so not built")
+    if world > NG:
+        pytest.skip(f"needs {world} GPUs")
+    monkeypatch.setenv("SYMM_DISPATCH_PUSH", "0")
+    scen = SCENARIOS[0].split(",") + ["pool_overflow"]
+    res = comm_worker.launch(world, "torch", scen, timeout_s=300)
+    bad = [r for r in res if not r["ok"]]
+    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
+    for r in res:
+        assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"

@@ -310,13 +310,21 @@ __device__ __forceinline__ void stage_push(const Stagers& st, const SymmLayout& 
   for (int64_t t = st.gt; t < T; t += st.nt) {
     uint32_t m = 0;
     const int c = (int)(t / L.combine_chunk);
-    for (int k = 0; k < K; ++k) {
-      const int64_t e = load_idx<IdxT>(a.topk_idx, t * K + k);
-      if (e >= 0 && e < L.num_experts) {
-        m |= 1u << k;
-        atomicAdd(hist + (int)(e / Lx) * C + c, 1);
-      } else if (e != -1) {
-        report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
+    constexpr int kIdxBatch = 8;  // as stage_inputs: the ids of a token loaded 8 at a time (one latency)
+    for (int k0 = 0; k0 < K; k0 += kIdxBatch) {
+      int64_t ev[kIdxBatch];
+#pragma unroll
+      for (int u = 0; u < kIdxBatch; ++u) ev[u] = k0 + u < K ? load_idx<IdxT>(a.topk_idx, t * K + k0 + u) : -1;
+#pragma unroll
+      for (int u = 0; u < kIdxBatch; ++u) {
+        const int k = k0 + u;
+        const int64_t e = ev[u];
+        if (e >= 0 && e < L.num_experts) {
+          m |= 1u << k;
+          atomicAdd(hist + (int)(e / Lx) * C + c, 1);
+        } else if (e != -1) {
+          report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
+        }
       }
     }
     kmask[t] = m;
@@ -347,6 +355,25 @@ __device__ __forceinline__ void push_bucket_counts(const Workers& W, const SymmL
     const int d = (int)(i / C), c = (int)(i - (int64_t)d * C);
     const int32_t v = p.ok[d] ? ptx::ld_relaxed_gpu_s32(hist + i) : 0;
     cmb_hist(peers[d], L)[L.rank * C + c] = v;
+  }
+}
+
+// One warp copies n16 16-byte vectors of LOCAL read-only data (the user's x) to dst (a peer's pool or
+// the local one): UNROLL loads per lane issued before the batch's stores (ordered volatile loads).
+template <int UNROLL>
+__device__ __forceinline__ void warp_push_v4(int4* dst, const int4* src, int n16, int lane) {
+  for (int base = 0; base < n16; base += 32 * UNROLL) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < n16) v[u] = ptx::ld_v4_local_ordered(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < n16) ptx::st_v4(dst + i, v[u]);
+    }
   }
 }
 
@@ -392,7 +419,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
     }
     float wv = 0.f;
     if (W.lane == 0 && a.topk_w) wv = __ldg(a.topk_w + q);
-    warp_copy_v4<UNROLL, false>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)row * H),
+    warp_push_v4<UNROLL>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)row * H),
                                 reinterpret_cast<const int4*>(xin + (int64_t)tok * H), (int)(H / 16), W.lane);
 #pragma unroll
     for (int u = 0; u < kPullScaleRegs; ++u) {

@@ -133,6 +133,16 @@ SYMM_DEV int4 ld_v4_local(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
+// Local data for a batch copy whose loads must all be issued before its stores (push dispatch: a
+// row's loads in flight at once). A strong (relaxed, gpu scope) load: ptxas keeps these in order
+// with the stores that follow; with the .nc form above it interleaved loads and stores (SASS checked:
+// 2 loads, 2 stores, ..., one HBM latency per pair).
+SYMM_DEV int4 ld_v4_local_ordered(const void* p) {
+  int4 v;
+  asm volatile("ld.relaxed.gpu.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
 SYMM_DEV void st_v4(void* p, const int4& v) {
   asm volatile("st.global.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
