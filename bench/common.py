@@ -22,10 +22,20 @@ def commit() -> str:
         return "unknown"
 
 
-def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None) -> float:
-    """Median seconds per fn() call, from CUDA events around `batch` back-to-back calls (so host
-    launch overhead overlaps the GPU work, as in a real stream), over `reps` batches after
-    `warmup` calls. `setup(i)` (untimed, synchronised; forces batch=1) may rotate inputs."""
+def _hold_stream(ms: float) -> None:
+    """Parks the current stream on a GPU sleep of ~ms so the host enqueues what follows ahead of
+    the GPU: the events then time GPU work only (what a CUDA graph or a host running ahead sees)."""
+    clk = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_980_000  # kHz
+    torch.cuda._sleep(int(ms * clk))
+
+
+def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None, hold_ms=0.0) -> float:
+    """Median seconds per fn() call, from CUDA events around `batch` back-to-back calls, over `reps`
+    batches after `warmup` calls. `setup(i)` (untimed, synchronised; forces batch=1) may rotate inputs.
+    hold_ms = 0: host-inclusive (the host's launch of the first call of a batch is inside the time;
+    batch > 1 overlaps the others'). hold_ms > 0: the stream is parked on a GPU sleep first, so the
+    whole batch is enqueued before it runs and the time is the GPU's alone (use only for work that
+    never syncs with the host inside fn)."""
     if setup is not None:
         batch = 1
     for i in range(warmup):
@@ -39,6 +49,8 @@ def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None) -> float:
             setup(i)
             torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold_ms > 0:
+            _hold_stream(hold_ms)
         a.record()
         for _ in range(batch):
             fn()
@@ -53,7 +65,7 @@ def measure_hbm_copy(nbytes=4 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    t = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10)
+    t = time_cuda(lambda: dst.copy_(src), warmup=3, reps=10, hold_ms=2.0)
     return 2 * src.numel() / t
 
 
@@ -62,14 +74,14 @@ def measure_fp8_peak(n=8192) -> float:
     a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
     one = torch.ones((), device="cuda")
-    t = time_cuda(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, reps=20)
+    t = time_cuda(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, reps=20, hold_ms=2.0)
     return 2 * n ** 3 / t
 
 
 def measure_bf16_peak(n=8192) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t = time_cuda(lambda: a @ b, warmup=5, reps=20)
+    t = time_cuda(lambda: a @ b, warmup=5, reps=20, hold_ms=2.0)
     return 2 * n ** 3 / t
 
 
@@ -106,14 +118,13 @@ def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[floa
     returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so
     the host enqueues the whole sequence ahead of the GPU (host launch overhead stays out of the
     numbers; what a CUDA graph would see). fns[i](rep) may rotate inputs; nothing syncs in between."""
-    clk = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_980_000  # kHz
     for r in range(warmup):
         for f in fns:
             f(r)
     torch.cuda.synchronize()
     out = []
     for r in range(reps):
-        torch.cuda._sleep(int(hold_ms * clk))
+        _hold_stream(hold_ms)
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(fns) + 1)]
         ev[0].record()
         for i, f in enumerate(fns):
