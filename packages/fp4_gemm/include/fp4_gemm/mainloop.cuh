@@ -113,7 +113,12 @@ struct MainloopConfig {
   static constexpr int kScaleOff = kWeightOff + kNumStages * kWeightBytes;
   static constexpr int kEpilogueOff = kScaleOff + kNumStages * kScaleBytes;  // L1 epilogue maxima
   static constexpr int kEpilogueBytes = 2 * kBlockN * 8 * 4;
-  static constexpr int kLutOff = kEpilogueOff + kEpilogueBytes;
+  // BF16 epilogue staging tile per math warpgroup (epilogue.cuh store_bf16_staged), register path only.
+  static constexpr bool kStagedStore = kPath == WeightPath::kRegs;
+  static constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;  // = epilogue.cuh kStoreRowBytes
+  static constexpr int kStoreOff = kEpilogueOff + kEpilogueBytes;
+  static constexpr int kStoreBytes = kStagedStore ? kMathThreads / 128 * kBlockN * kStoreRowBytes : 0;
+  static constexpr int kLutOff = kStoreOff + kStoreBytes;
   static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
 
@@ -127,6 +132,7 @@ struct MainloopConfig {
   // 227 KB per SM for all resident CTAs, 1 KB of which the system reserves per CTA.
   static_assert(kSmemBytes <= 232448 / kCtasPerSm - (kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(kBlockK == 128, "one activation scale per stage");
+  static_assert(kStoreOff % 16 == 0 && kStoreRowBytes % 16 == 0, "16-byte stmatrix rows and copy-out loads");
   static_assert((kScaleQuadFloats * 4) % (kBlockN >= 16 ? 16 : 8) == 0 && kScaleBytes % 16 == 0,
                 "scale runs stay aligned for their vector loads");
 };
@@ -138,6 +144,7 @@ struct SmemView {
   __device__ uint8_t* weights(int s) const { return base + Cfg::kWeightOff + s * Cfg::kWeightBytes; }
   __device__ float* scales(int s) const { return reinterpret_cast<float*>(base + Cfg::kScaleOff + s * Cfg::kScaleBytes); }
   __device__ float* epilogue() const { return reinterpret_cast<float*>(base + Cfg::kEpilogueOff); }
+  __device__ uint8_t* store_tile(int wg) const { return base + Cfg::kStoreOff + wg * Cfg::kBlockN * Cfg::kStoreRowBytes; }
   __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
