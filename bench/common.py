@@ -71,6 +71,16 @@ def time_gpu(fn, **kw) -> float:
     return t if t is not None else time_cuda(fn, hold_ms=0.5, batch=8)
 
 
+def time_best(fn, **kw) -> tuple[float, float]:
+    """(best, host_inclusive): the faster of CUDA-graph replay (time_gpu) and host-inclusive
+    back-to-back calls (time_cuda), and the latter. One rule for our kernels, the torch baselines and
+    the ceilings: a graph's memcpy node runs on a copy engine (~2.7 TB/s on H200 vs ~4.2 for the
+    stream copy), and graph replay measured slower than stream launches for some cases, so neither
+    method alone is fair to every callable."""
+    th = time_cuda(fn, **kw)
+    return min(time_gpu(fn, **kw), th), th
+
+
 def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None, hold_ms=0.0) -> float:
     """Median seconds per fn() call, from CUDA events around `batch` back-to-back calls, over `reps`
     batches after `warmup` calls. `setup(i)` (untimed, synchronised; forces batch=1) may rotate inputs.
@@ -107,7 +117,7 @@ def measure_hbm_copy(nbytes=4 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    t = time_gpu(lambda: dst.copy_(src), warmup=3, reps=10)
+    t, _ = time_best(lambda: dst.copy_(src), warmup=3, reps=10)
     return 2 * src.numel() / t
 
 
@@ -116,14 +126,14 @@ def measure_fp8_peak(n=8192) -> float:
     a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
     one = torch.ones((), device="cuda")
-    t = time_gpu(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, reps=20)
+    t, _ = time_best(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), warmup=5, reps=20)
     return 2 * n ** 3 / t
 
 
 def measure_bf16_peak(n=8192) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t = time_gpu(lambda: a @ b, warmup=5, reps=20)
+    t, _ = time_best(lambda: a @ b, warmup=5, reps=20)
     return 2 * n ** 3 / t
 
 
