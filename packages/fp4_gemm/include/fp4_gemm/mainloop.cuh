@@ -106,14 +106,11 @@ struct MainloopConfig {
   static constexpr int kFullArrivals = 1 + kProducerThreads;
   static constexpr int kEmptyArrivals = kMathThreads / 32 * kClusterN;  // math warps of all CTAs of the cluster
   static constexpr int kAccRegs = kBlockN / 2;
-  // Decode shift tables from the 32-entry shared table indexed by (shift & 31) (decode_raw_lut32):
-  // measured on H200 for the 8-token decode kernel only (-7-8 % time, docs/perf-notes.md);
-  // FP4_REGS_SMEM_LUT (probe) extends it to the register path.
-#ifdef FP4_REGS_SMEM_LUT
-  static constexpr bool kSmemLut32 = kBlockN == 8 || kPath == WeightPath::kRegs;
-#else
-  static constexpr bool kSmemLut32 = kPath == WeightPath::kSmem && kBlockN == 8;
-#endif
+  // Decode shift tables from the 32-entry shared table indexed by (shift & 31) (decode_raw_lut32)
+  // instead of the warp vote + arithmetic LUT: measured on H200 (docs/perf-notes.md) for the 8-token
+  // decode kernel (-7-8 % time) and the register path (+3-4 % prefill); the 16/32-token kernels keep
+  // the arithmetic LUT (not measured with it).
+  static constexpr bool kSmemLut32 = kPath == WeightPath::kRegs || kBlockN == 8;
 
   // Shared memory plan (offsets from a 1024-byte aligned base).
   static constexpr int kTokenOff = 0;
