@@ -114,3 +114,7 @@ def test_bad_arguments():
         ops.grouped_gemm(xq, xs, ops.PackedWeights(pw.packed, pw.row_scale, 2, 256, 256), group_offsets=offs)
     with pytest.raises(TypeError, match="w.row_scale"):
         ops.grouped_gemm(xq, xs, ops.PackedWeights(pw.packed, pw.row_scale.double(), 2, 128, 256), group_offsets=offs)
+    # An output whose data pointer is not 16-byte aligned (the staged epilogue stores 16-byte pieces).
+    base = torch.empty(4 * 128 + 8, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="out"):
+        ops.grouped_gemm(xq, xs, pw, group_offsets=offs, out=base[1:1 + 4 * 128].view(4, 128))

@@ -48,6 +48,10 @@ struct GemmArgs {
 };
 
 enum class Epilogue { kBF16, kL1 };
+// Named barriers: 0 = __syncthreads, kL1AmaxBarrier (1) = the L1 epilogue's, 2 + wg = the staged
+// BF16 store of math warpgroup wg.
+constexpr uint32_t kStoreBarrier0 = 2;
+static_assert(kStoreBarrier0 > kL1AmaxBarrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
 
 template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
@@ -92,7 +96,13 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
       const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
       if constexpr (kEpi == Epilogue::kBF16) {
         const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
-        store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);
+        if constexpr (Cfg::kStagedStore) {
+          static_assert(Cfg::kStoreRowBytes == kStoreRowBytes, "one staging row size");
+          store_bf16_staged<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg,
+                                          sm.store_tile(wg), kStoreBarrier0 + uint32_t(wg));
+        } else {
+          store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);
+        }
       } else {
         store_l1_fp8<Cfg::kBlockN>(acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg,
                                    sm.epilogue(), tiles & 1);
@@ -189,6 +199,7 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
     return FP4G_EINVAL;
   if (num_groups == 0 || rows == 0) return FP4G_OK;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(a.w.packed)) % 16) return FP4G_EALIGN;
+  if (kEpi == Epilogue::kBF16 && reinterpret_cast<uintptr_t>(a.out) % 16) return FP4G_EALIGN;  // 16-byte row stores
   if (num_sms <= 0) {
     int dev = 0;
     cudaGetDevice(&dev);

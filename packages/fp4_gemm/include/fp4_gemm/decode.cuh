@@ -24,6 +24,23 @@ __device__ __forceinline__ void fill_shift_lut(uint2* lut, int tid, int nthreads
   }
 }
 
+// 32-entry variant of the table (MainloopConfig::kSmemLut32): entry i holds the codes of shift i
+// (i < 16) or i - 32 (i >= 16), i.e. it is indexed by (shift & 31) straight from the packed shift
+// byte (two's complement), clamped to [kMinShift, kMaxShift] for bytes no valid transform writes
+// (any byte indexes inside the table). 256 bytes, filled once per CTA.
+constexpr int kLut32Entries = 32;
+static_assert(WL::kMaxShift < kLut32Entries / 2 && WL::kMinShift >= -kLut32Entries / 2,
+              "every valid shift has its own entry under (shift & 31)");
+
+__device__ __forceinline__ void fill_shift_lut32(uint8_t* lut, int tid, int nthreads) {
+  for (int i = tid; i < kLut32Entries * 8; i += nthreads) {
+    const int entry = i / 8, c = i % 8, e = c >> 1, m = c & 1;
+    const int shift = min(max(entry < kLut32Entries / 2 ? entry : entry - kLut32Entries, WL::kMinShift), WL::kMaxShift);
+    const float mag = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
+    lut[i] = __nv_cvt_float_to_fp8(ldexpf(mag, shift), __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
 // Shifts in [kMinFastShift, kMaxShift] give all-normal E4M3 codes, so their LUT is the shift-0 LUT
 // with 8*shift added to every non-zero byte (no carries between bytes in that range). Smaller
 // shifts need subnormal rounding: they read the shared-memory table (a warp-uniform slow path).

@@ -106,6 +106,11 @@ struct MainloopConfig {
   static constexpr int kFullArrivals = 1 + kProducerThreads;
   static constexpr int kEmptyArrivals = kMathThreads / 32 * kClusterN;  // math warps of all CTAs of the cluster
   static constexpr int kAccRegs = kBlockN / 2;
+  // Decode shift tables from the 32-entry shared table indexed by (shift & 31) (decode_raw_lut32)
+  // instead of the warp vote + arithmetic LUT: measured on H200 (docs/perf-notes.md) for the 8-token
+  // decode kernel (-7-8 % time) and the register path (+3-4 % prefill); the 16/32-token kernels keep
+  // the arithmetic LUT (not measured with it).
+  static constexpr bool kSmemLut32 = kPath == WeightPath::kRegs || kBlockN == 8;
 
   // Shared memory plan (offsets from a 1024-byte aligned base).
   static constexpr int kTokenOff = 0;
@@ -113,8 +118,15 @@ struct MainloopConfig {
   static constexpr int kScaleOff = kWeightOff + kNumStages * kWeightBytes;
   static constexpr int kEpilogueOff = kScaleOff + kNumStages * kScaleBytes;  // L1 epilogue maxima
   static constexpr int kEpilogueBytes = 2 * kBlockN * 8 * 4;
-  static constexpr int kLutOff = kEpilogueOff + kEpilogueBytes;
-  static constexpr int kBarOff = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
+  // BF16 epilogue staging tile per math warpgroup (epilogue.cuh store_bf16_staged), register path only.
+  static constexpr bool kStagedStore = kPath == WeightPath::kRegs;
+  static constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;  // = epilogue.cuh kStoreRowBytes
+  static constexpr int kStoreOff = kEpilogueOff + kEpilogueBytes;
+  static constexpr int kStoreBytes = kStagedStore ? kMathThreads / 128 * kBlockN * kStoreRowBytes : 0;
+  static constexpr int kLutOff = kStoreOff + kStoreBytes;
+  static constexpr int kLut32Off = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
+  static constexpr int kLut32Bytes = kSmemLut32 ? kLut32Entries * 8 : 0;
+  static constexpr int kBarOff = (kLut32Off + kLut32Bytes + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
@@ -127,6 +139,7 @@ struct MainloopConfig {
   // 227 KB per SM for all resident CTAs, 1 KB of which the system reserves per CTA.
   static_assert(kSmemBytes <= 232448 / kCtasPerSm - (kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(kBlockK == 128, "one activation scale per stage");
+  static_assert(kStoreOff % 16 == 0 && kStoreRowBytes % 16 == 0, "16-byte stmatrix rows and copy-out loads");
   static_assert((kScaleQuadFloats * 4) % (kBlockN >= 16 ? 16 : 8) == 0 && kScaleBytes % 16 == 0,
                 "scale runs stay aligned for their vector loads");
 };
@@ -138,7 +151,9 @@ struct SmemView {
   __device__ uint8_t* weights(int s) const { return base + Cfg::kWeightOff + s * Cfg::kWeightBytes; }
   __device__ float* scales(int s) const { return reinterpret_cast<float*>(base + Cfg::kScaleOff + s * Cfg::kScaleBytes); }
   __device__ float* epilogue() const { return reinterpret_cast<float*>(base + Cfg::kEpilogueOff); }
+  __device__ uint8_t* store_tile(int wg) const { return base + Cfg::kStoreOff + wg * Cfg::kBlockN * Cfg::kStoreRowBytes; }
   __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
+  __device__ uint8_t* lut32() const { return base + Cfg::kLut32Off; }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
 };
@@ -172,6 +187,7 @@ __device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, 
     ptx::fence_mbar_init();
   }
   fill_shift_lut(sm.lut(), tid, nthreads);
+  if constexpr (Cfg::kSmemLut32) fill_shift_lut32(sm.lut32(), tid, nthreads);
 }
 
 struct WeightOperand {
@@ -304,13 +320,42 @@ __device__ __forceinline__ void decode_raw(const RawFragment& r, const uint2* lu
   for (int st = 0; st < kSteps; ++st) decode_step(r.codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
 }
 
+// The same with the 8 shift tables looked up in the 32-entry shared table (decode.cuh) by
+// (shift & 31): the byte offsets 8 * (shift & 31) of four shifts are formed at once (shift left by 3,
+// keep the top 5 bits of each byte: the bits shifted in from the byte below are masked off), then
+// one PRMT (zero-extended byte) and one LDS.64 per shift: ~20 instructions instead of the vote, the
+// min chain and 16 IMADs (~33), and no warp-uniform branch on the decode's critical path.
+__device__ __forceinline__ void decode_raw_lut32(const RawFragment& r, const uint8_t* lut32,
+                                                 uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  constexpr int kSteps = WL::kStepsPerBlockK;
+  const uint32_t off_x = (r.shifts.x << 3) & 0xF8F8F8F8u;
+  const uint32_t off_y = (r.shifts.y << 3) & 0xF8F8F8F8u;
+  uint2 lut[2 * kSteps];
+#pragma unroll
+  for (int i = 0; i < 2 * kSteps; ++i) {
+    const uint32_t o = ptx::prmt(i < 4 ? off_x : off_y, 0u, 0x4440u | uint32_t(i % 4));
+    lut[i] = *reinterpret_cast<const uint2*>(lut32 + o);
+  }
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) decode_step(r.codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void decode_any(const SmemView<Cfg>& sm, const RawFragment& r,
+                                           uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+  if constexpr (Cfg::kSmemLut32)
+    decode_raw_lut32(r, sm.lut32(), a);
+  else
+    decode_raw(r, sm.lut(), a);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, const DecodeOffsets& off,
                                              uint32_t (&a)[WL::kStepsPerBlockK][4]) {
   // All shared-memory loads first (codes do not depend on the shifts): one load latency, not two.
   RawFragment r;
   load_raw_smem(sm.weights(s), off, r);
-  decode_raw(r, sm.lut(), a);
+  decode_any(sm, r, a);
 }
 
 
@@ -527,7 +572,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
   load_next(r0);  // flat block 0
   load_next(r1);  // 1
-  decode_raw(r0, sm.lut(), a0);
+  decode_any(sm, r0, a0);
   load_next(r0);  // 2
 
   uint32_t iter = 0;  // flat K block = ring iteration
@@ -550,7 +595,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     if (!wait_full(sm, pos, err)) return -1;
     issue_block_mma(sm, s, a, part);
     if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
-      decode_raw(r_next, sm.lut(), a_next);
+      decode_any(sm, r_next, a_next);
       load_next(r_next);          // flat block iter + 3
     }
     // The scales are needed only by the promotion: loaded after the decode so the decode does not

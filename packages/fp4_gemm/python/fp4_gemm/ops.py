@@ -184,9 +184,12 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, masked_m=
     Contiguous: x [M, K] (groups are row segments), group_offsets int32 [G + 1] on the GPU.
     Masked:     x [G, max_m, K], masked_m int32 [G] on the GPU (valid rows per group).
     x: FP8 E4M3 (CuPy: uint8), x_scales FP32 [..., K/128]. No host synchronisation.
+    out (optional): BF16 [..., N], contiguous, data pointer 16-byte aligned.
     """
     p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
     out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
+    if ov.ptr % 16:
+        raise ValueError("out: data pointer must be 16-byte aligned (the kernel stores 16-byte row pieces)")
     err = A.view(_error_word(p.x), "err")
     with A.device_of(p.x):
         LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, ov.ptr,
