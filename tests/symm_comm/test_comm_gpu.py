@@ -57,16 +57,17 @@ def test_comm(world, backend, scenarios):
         assert set(r["done"]) == want, f"rank {r['rank']} finished only {r['done']}"
 
 
+@pytest.mark.parametrize("push", ["0", "1"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_comm_pull_path(world, monkeypatch):
-    """The same checks with SYMM_DISPATCH_PUSH=0 (the pull dispatch; the default is push): both paths must
-    give the exact rows, counts, arrivals and combine results the workers check (env read once per
-    process: the spawned workers inherit it)."""
+def test_comm_pull_path(world, push, monkeypatch):
+    """The same checks with SYMM_DISPATCH_PUSH=0 (pull, the default) and =1 (push dispatch), whatever the
+    environment of the run: both paths must give the exact rows, counts, arrivals and combine results
+    the workers check (env read once per process: the spawned workers inherit it)."""
     if not _lib_ok():
         pytest.skip("libsymm_comm.so not built")
     if world > NG:
         pytest.skip(f"needs {world} GPUs")
-    monkeypatch.setenv("SYMM_DISPATCH_PUSH", "0")
+    monkeypatch.setenv("SYMM_DISPATCH_PUSH", push)
     scen = SCENARIOS[0].split(",") + ["pool_overflow"]
     res = comm_worker.launch(world, "torch", scen, timeout_s=300)
     bad = [r for r in res if not r["ok"]]

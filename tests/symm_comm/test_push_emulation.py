@@ -143,3 +143,71 @@ def test_push_rows_equal_pull_rows(seed):
     for d in range(R):
         assert push[d] == pull[d], f"owner {d}: push rows differ from pull rows"
         assert np.array_equal(push_hist_at_owner[d], pull_hist[d]), f"owner {d}: bucket sizes differ"
+
+
+def _group_size(N, warps):
+    """push_rows (push v2): items per warp group."""
+    return 4 if N >= 8 * warps else (2 if N >= 4 * warps else 1)
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("warps", [1, 3, 2112])
+def test_push_group_arrivals(seed, warps):
+    """Push v2 publication: a warp takes g consecutive items, stores them, then ONE red.release.sys per
+    distinct (owner, block) of the group with the group's row count there. With pad_blocks' bumps
+    (block_m - valid rows of the block; block_m for blocks past the used rows or when the owner
+    overflows), every block of every owner must end at exactly block_m (arrivals == epoch * block_m),
+    and no group may bump a block it stored no row into."""
+    rng = np.random.default_rng(1000 + seed)
+    R = int(rng.integers(1, 5))
+    Lx = int(rng.integers(1, 6))
+    E = R * Lx
+    K = int(rng.integers(1, min(E, 8) + 1))
+    T = int(rng.integers(1, 64))
+    bm = int(rng.choice([1, 4, 16, 128]))
+    masked = bool(seed % 2)
+    max_m = int(rng.integers(1, R * T + 1))
+    P_full = R * T * K + Lx * (bm - 1)
+    P = (P_full + bm - 1) // bm * bm if seed % 3 else max(bm, (P_full // 3) // bm * bm)
+    P = max(P, (Lx * max_m + bm - 1) // bm * bm)
+    nblk = P // bm
+    ntok = [int(rng.integers(0, T + 1)) for _ in range(R)]
+    idx = []
+    for s in range(R):
+        a = np.stack([rng.permutation(E)[:K] for _ in range(ntok[s])]) if ntok[s] else np.zeros((0, K), np.int64)
+        a = a.astype(np.int64)
+        a[rng.random(a.shape) < 0.15] = -1
+        idx.append(a)
+    slots, cnt = zip(*(_slots(a, E) for a in idx))
+    cnt = np.stack(cnt)
+    arrivals = np.zeros((R, nblk), np.int64)
+    # padding (pad_blocks at each owner)
+    for d in range(R):
+        pos, le_start, le_count, ok = _owner_tables(cnt, d, Lx, R, T, bm, P, max_m, masked)
+        valid = np.zeros(nblk * bm, bool)
+        if ok:
+            for s in range(R):
+                for le in range(Lx):
+                    n = min(int(cnt[s][d * Lx + le]), T)
+                    valid[pos[s, le]:pos[s, le] + n] = True
+        arrivals[d] += bm - valid.reshape(nblk, bm).sum(axis=1)
+    # group publication at each source
+    for s in range(R):
+        pos, ok = _push_tables(cnt, s, E, Lx, R, T, bm, P, max_m, masked)
+        flat = idx[s].reshape(-1)
+        N = flat.size
+        g = _group_size(N, warps)
+        for q0 in range(0, N, g):
+            bumps = {}
+            for q in range(q0, min(q0 + g, N)):
+                e = flat[q]
+                if not (0 <= e < E):
+                    continue
+                d, sl = e // Lx, slots[s][q]
+                if sl < 0 or sl >= T or not ok[d]:
+                    continue
+                key = (d, int(pos[e] + sl) // bm)
+                bumps[key] = bumps.get(key, 0) + 1
+            for (d, b), n in bumps.items():
+                arrivals[d, b] += n
+    assert (arrivals == bm).all(), arrivals

@@ -1,7 +1,7 @@
 // Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh
 // and symm_comm/metadata.cuh. One cooperative launch: stage + phase A push -> one-hop cross-rank
 // barrier -> phase B pull -> last CTA out publishes the epoch.
-// Push mode (SYMM_DISPATCH_PUSH=1, default): phase A without the staging copy -> one-hop barrier ->
+// Push mode (SYMM_DISPATCH_PUSH=1; default 0 = pull): phase A without the staging copy -> one-hop barrier ->
 // every owner's tables -> phase B push (this rank's rows into the owners) -> one-hop "done" barrier ->
 // last CTA out publishes the epoch.
 #include <cuda_runtime.h>
@@ -93,10 +93,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();
       if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push mode only)
       // Completion: this CTA's stores (every thread fence.acq_rel.sys, bar.sync, red.release.sys per
-      // rank) -> every rank's signal row SYMM_SIG_DISPATCH_DONE; then wait (ld.acquire.sys, time limit,
-      // phase DISPATCH_PUSH_DONE) until every CTA of every source finished storing into this rank.
+      // rank) -> every rank's signal row SYMM_SIG_DISPATCH_DONE. Only CTA 0 then waits (ld.acquire.sys,
+      // time limit, phase DISPATCH_PUSH_DONE) until every CTA of every source finished storing into
+      // this rank; the other CTAs arrive and go on to exit (push v2). Contract: the kernel completes
+      // only after CTA 0 does, i.e. after CTA 0 acquired every source's arrival (each cumulative over
+      // that CTA's stores into us); the kernel boundary then orders all of it before any later kernel
+      // on this stream (combine, pool consumers). No CTA of this kernel reads what peers stored here.
       cta_rank_barrier_counted(s_peers, local, L, SYMM_SIG_DISPATCH_DONE, epoch, deadline, err,
-                               SYMM_PHASE_DISPATCH_PUSH_DONE);
+                               SYMM_PHASE_DISPATCH_PUSH_DONE, /*arrive=*/true, /*wait=*/blockIdx.x == 0);
     } else {
       if (!check_capacity(W, L, t, a.masked != 0, err)) {
         pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
@@ -166,12 +170,13 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
-  // SYMM_DISPATCH_PUSH=1 (default): push dispatch (sources store their rows into the owners' pools,
+  // Default 0 (push v2, not GPU-run: push lost at 128 / 1 tokens in v1; flip after it is measured to win).
+  // SYMM_DISPATCH_PUSH=1: push dispatch (sources store their rows into the owners' pools,
   // SM-issued peer WRITES, no staging copy); 0: the pull path (owners read the sources' staging), A/B
   // and fallback. Read once per process: the "done" signal row only counts push calls, so every rank
   // must use the same mode, and a process must not switch modes between calls. Push also needs the
   // pool + push tables in shared memory (always at the usual sizes; else the pull path runs).
-  static const int push_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 1);
+  static const int push_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 0);
   const int64_t push_tables = tables + symm::symm_push_smem_ints(&L);
   a.push = push_env != 0 && push_tables * 4 <= kMaxPushSmem;
   const int64_t need = a.push ? push_tables : tables;

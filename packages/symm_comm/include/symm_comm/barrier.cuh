@@ -97,6 +97,7 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 // then bar.sync, then the arrival is a red.release.sys (cumulative over the CTA through bar.sync).
 // The waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before
 // its arrival visible: the metadata s pushed here and the staging it will read from.
+// wait is uniform over the CTA (a CTA that only arrives skips the trailing bar.sync too).
 // All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
 // what = the rank waited for). arrive = false in any thread (its part of phase A failed, error
 // reported): the CTA neither arrives nor waits, so the peers time out instead of reading incomplete
@@ -104,7 +105,7 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
                                                          const SymmLayout& L, int op, uint64_t epoch,
                                                          uint64_t deadline, const ErrSink& err, int phase,
-                                                         bool arrive = true) {
+                                                         bool arrive = true, bool wait = true) {
   ptx::fence_acq_rel_sys();
   if (!__syncthreads_and(arrive)) return false;
   const int r = threadIdx.x;
@@ -112,6 +113,9 @@ __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, 
     const uint64_t inc = blockIdx.x == 0 ? ((uint64_t)1 << 32) - (uint64_t)(gridDim.x - 1) : (uint64_t)1;
     ptx::red_add_release_sys_u64(signals(peers[r], L, op) + L.rank, inc);
   }
+  // wait = false (push dispatch's completion barrier, CTAs other than 0): arrive only. The call
+  // returns true and the CTA does not observe the peers' arrivals (the caller must not need them).
+  if (!wait) return true;
   bool ok = true;
   if (r < L.num_ranks) {
     const uint64_t* sig = signals(local_base, L, op) + r;

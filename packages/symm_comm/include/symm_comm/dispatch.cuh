@@ -9,13 +9,15 @@
 //   buffer.
 // Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
 //   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
-// Push mode (SYMM_DISPATCH_PUSH=1, the default; DispatchArgs::push): no staging copy. Phase A also
+// Push mode (SYMM_DISPATCH_PUSH=1; default 0 = pull; DispatchArgs::push): no staging copy. Phase A also
 //   writes every expert's count into every rank (meta_all) and keeps each id's slot locally
 //   (push_slot); after the same one-hop barrier every rank computes EVERY owner's pool positions
 //   (build_push_tables: the same integers the owner's build_pool_tables gives) and stores its own rows
 //   from the user's x / scales / weights straight into the owners' pools (push_rows, 16-byte SM stores
-//   to peer memory), with row_src, the combine bucket entry and the arrival bump; then a second one-hop
-//   barrier (signal row SYMM_SIG_DISPATCH_DONE) so no owner's kernel ends before every source is done.
+//   to peer memory), with row_src, the combine bucket entry and the arrival bump (push v2: one system
+//   fence and one red per (owner, block) per group of up to 4 rows a warp stored); then a second
+//   one-hop barrier (signal row SYMM_SIG_DISPATCH_DONE; every CTA arrives, only CTA 0 waits) so no
+//   owner's kernel ends before every source is done.
 //   Every pool row, table and counter ends up identical to the pull path's (combine buckets: same
 //   contents, the order inside a bucket is atomic order in both modes; combine does not depend on it).
 #pragma once
@@ -141,7 +143,8 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
-    if (aborted || r0 >= U) {
+    const bool empty = aborted || r0 >= U;  // no row of the block is written: nothing to publish
+    if (empty) {
       pad = bm;
     } else {
       for (int i = W.lane; i < bm; i += 32) {
@@ -156,7 +159,10 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
     }
     __syncwarp();
     if (W.lane == 0 && pad) {
-      if (sys_scope) ptx::red_add_release_sys_u32(arr + b, pad);
+      // push mode, a block no row of which is written (beyond the used rows, or aborted): a relaxed
+      // sys-scope bump, no fence (it publishes no data; consumers of such a block read nothing).
+      if (sys_scope && empty) ptx::red_add_relaxed_sys_u32(arr + b, pad);
+      else if (sys_scope) ptx::red_add_release_sys_u32(arr + b, pad);
       else ptx::red_add_release_gpu_u32(arr + b, pad);
     }
   }
@@ -258,25 +264,36 @@ struct PushTables {
 // All threads of the group. counts: meta_all[parity] ([E][R], written by every source in phase A,
 // ordered before this by the one-hop barrier; read coherently). Counts are clamped to [0, T] as
 // build_pool_tables does, so every integer equals the owner's.
+// Two passes (push v2): (1) every thread of the group takes experts e (E <= a few per thread) and
+// loads its R counts in batches of kTabBatch independent loads (one latency per batch, not R in a
+// row): le_count -> le_start[d][le] (for now), pre -> pos[e]; (2) one warp per owner scans. Was: one
+// warp per owner did everything (R warps busy, Lx / 32 x R dependent loads each).
+constexpr int kTabBatch = 8;
 __device__ __forceinline__ void build_push_tables(const Workers& W, const SymmLayout& L, const PushTables& p,
                                                   const int32_t* counts, bool masked) {
-  const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens, me = L.rank;
+  const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens, me = L.rank, E = L.num_experts;
+  for (int e = W.tid(); e < E; e += W.nthreads()) {
+    int32_t tot = 0, pre = 0;
+    for (int s0 = 0; s0 < R; s0 += kTabBatch) {
+      int32_t c[kTabBatch];
+#pragma unroll
+      for (int u = 0; u < kTabBatch; ++u) c[u] = s0 + u < R ? ptx::ld_relaxed_sys_s32(counts + (int64_t)e * R + s0 + u) : 0;
+#pragma unroll
+      for (int u = 0; u < kTabBatch; ++u) {
+        const int32_t v = c[u] < 0 ? 0 : (c[u] > T ? T : c[u]);
+        tot += v;
+        if (s0 + u < me) pre += v;
+      }
+    }
+    const int d = e / Lx;
+    p.le_start[d * (Lx + 1) + (e - d * Lx)] = tot;  // le_count for now
+    p.pos[e] = pre;
+  }
+  W.sync();
   for (int d = W.warp; d < R; d += W.nwarps) {
     int32_t* ls = p.le_start + d * (Lx + 1);
     bool bad = false;
-    for (int le = W.lane; le < Lx; le += 32) {
-      const int e = d * Lx + le;
-      int32_t tot = 0, pre = 0;
-      for (int s = 0; s < R; ++s) {
-        int32_t c = ptx::ld_relaxed_sys_s32(counts + (int64_t)e * R + s);
-        c = c < 0 ? 0 : (c > T ? T : c);
-        tot += c;
-        if (s < me) pre += c;
-      }
-      ls[le] = tot;  // le_count for now
-      p.pos[e] = pre;
-      bad |= tot > L.max_m;
-    }
+    for (int le = W.lane; le < Lx; le += 32) bad |= ls[le] > L.max_m;
     __syncwarp();
     bool ok;
     if (masked) {
@@ -377,14 +394,24 @@ __device__ __forceinline__ void warp_push_v4(int4* dst, const int4* src, int n16
   }
 }
 
-// Phase B of push mode: every valid (token, k) of this rank, one warp per item q = token * K + k, stored
-// into the owner d = e / L at pool row pos[e] + slot: x row (16-byte loads of the user's tensor, 16-byte
+// Phase B of push mode: every valid (token, k) of this rank, item q = token * K + k, stored into the
+// owner d = e / L at pool row pos[e] + slot: x row (16-byte loads of the user's tensor, 16-byte
 // stores to the owner; d == rank: a plain local copy), scales, weight, row_src, the combine bucket entry
 // cmb_bucket[rank][chunk][bslot] (bslot from the source-local push_hist[parity][1], one writer per
-// bucket), then arrivals[row / block_m] += 1 at the owner: every lane fence.acq_rel.sys, __syncwarp,
-// lane 0 red.release.sys (combine_push_item's pattern): a consumer that acquires the counter sees the row.
-// ctr: null = static stride over the items; else this call's work counter (pull_counter(parity), zero
-// at the call's start; same rules as pull_rows), used when items > 2 x warps.
+// bucket), then the arrival bump at the owner.
+// Push v2: a warp takes a GROUP of g consecutive items (g = 4 when there are >= 8 items per warp, 2
+// when >= 4, else 1). Lane j < g resolves item q0 + j (id, slot, row, bucket slot, weight: all in
+// parallel); the warp stores the group's rows one after the other (each row: 14 loads then 14
+// stores), lane j stores its row's weight / row_src / bucket entry; then ONE publication per group:
+//   every lane fence.acq_rel.sys (its own stores of all g rows), __syncwarp, and for each distinct
+//   (owner, block) among the group's rows one lane (the lowest, __match_any_sync) does
+//   red.release.sys arrivals[block] += (rows of the group in that block).
+// A consumer that acquires (ld.acquire.sys) arrivals[b] == epoch * block_m therefore sees every row of
+// block b, as before; only the number of red operations and system fences changes (per group, not
+// per row). Counter semantics unchanged: every block grows by exactly block_m per dispatch.
+// ctr: null = static stride over the groups; else this call's work counter (pull_counter(parity),
+// zero at the call's start; same rules as pull_rows), counting GROUPS, used when groups > 2 x warps.
+constexpr int kPushGroupMax = 4;
 template <int UNROLL, typename IdxT>
 __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                           uint64_t local, const DispatchArgs& a, const PushTables& p,
@@ -395,60 +422,93 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
   const int32_t* my_slot = push_slot(local, L);
   int32_t* bctr = push_hist(local, L, a.parity, 1);
   const uint8_t* xin = static_cast<const uint8_t*>(a.x);
-  auto one_item = [&](int32_t q) {
-    const int64_t e = load_idx<IdxT>(a.topk_idx, q);
-    if (e < 0 || e >= L.num_experts) return;  // -1 sends nothing; out of range: reported in phase A
-    // written in phase A by (maybe) another CTA, ordered by the one-hop barrier: coherent load
-    const int32_t slot = ptx::ld_relaxed_gpu_s32(my_slot + q);
-    if (slot < 0 || slot >= T) return;  // slot overflow (reported in phase A; the pull drops these too)
-    const int d = (int)(e / Lx);
-    if (!p.ok[d]) return;  // the owner overflows: nothing is stored into it (it reports)
-    const int32_t row = p.pos[e] + slot;
-    const int32_t tok = q / K, k = q - tok * K;
-    const int c = tok / L.combine_chunk;
-    const uint64_t dst = peers[d];
-    int32_t bslot = 0;
-    if (W.lane == 0) bslot = atomicAdd(bctr + d * C + c, 1);
-    const int32_t* s_src = reinterpret_cast<const int32_t*>(a.scales) + (int64_t)tok * S;
-    int32_t* s_dst = at<int32_t>(dst, L.off_pool_s) + (int64_t)row * S;
-    int32_t sv[kPullScaleRegs];
-#pragma unroll
-    for (int u = 0; u < kPullScaleRegs; ++u) {
-      const int i = u * 32 + W.lane;
-      if (i < S) sv[u] = __ldg(s_src + i);
+  const int64_t warps = W.total_warps();
+  const int g = (int64_t)N >= 2 * kPushGroupMax * warps ? kPushGroupMax : ((int64_t)N >= 4 * warps ? 2 : 1);
+  const int32_t ngroups = (N + g - 1) / g;
+  auto one_group = [&](int32_t q0) {
+    // ---- lane j < g: item q0 + j
+    const int32_t q = q0 + W.lane;
+    bool valid = false;
+    int d = 0;
+    int32_t row = 0, tok = 0;
+    if (W.lane < g && q < N) {
+      const int64_t e = load_idx<IdxT>(a.topk_idx, q);
+      if (e >= 0 && e < L.num_experts) {  // -1 sends nothing; out of range: reported in phase A
+        // written in phase A by (maybe) another CTA, ordered by the one-hop barrier: coherent load
+        const int32_t slot = ptx::ld_relaxed_gpu_s32(my_slot + q);
+        d = (int)(e / Lx);
+        // slot overflow (reported in phase A; the pull drops these too); owner overflows: nothing is
+        // stored into it (it reports)
+        if (slot >= 0 && slot < T && p.ok[d]) {
+          valid = true;
+          row = p.pos[e] + slot;
+          tok = q / K;
+        }
+      }
     }
+    const unsigned vmask = __ballot_sync(0xffffffffu, valid);
+    if (!vmask) return;
     float wv = 0.f;
-    if (W.lane == 0 && a.topk_w) wv = __ldg(a.topk_w + q);
-    warp_push_v4<UNROLL>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)row * H),
-                                reinterpret_cast<const int4*>(xin + (int64_t)tok * H), (int)(H / 16), W.lane);
-#pragma unroll
-    for (int u = 0; u < kPullScaleRegs; ++u) {
-      const int i = u * 32 + W.lane;
-      if (i < S) s_dst[i] = sv[u];
+    int32_t bslot = 0;
+    if (valid) {
+      if (a.topk_w) wv = __ldg(a.topk_w + q);
+      bslot = atomicAdd(bctr + d * C + tok / L.combine_chunk, 1);
     }
-    constexpr int kHeld = 32 * kPullScaleRegs;
-    if (S > kHeld)
-      warp_copy_b32<false>(reinterpret_cast<uint32_t*>(s_dst + kHeld), reinterpret_cast<const uint32_t*>(s_src + kHeld),
-                           (int)(S - kHeld), W.lane);
-    if (W.lane == 0) {
+    // ---- the group's rows, one after the other (the whole warp per row)
+    for (unsigned m = vmask; m; m &= m - 1) {
+      const int j = __ffs(m) - 1;
+      const int dj = __shfl_sync(0xffffffffu, d, j);
+      const int32_t rj = __shfl_sync(0xffffffffu, row, j);
+      const int32_t tj = __shfl_sync(0xffffffffu, tok, j);
+      const uint64_t dst = peers[dj];
+      const int32_t* s_src = reinterpret_cast<const int32_t*>(a.scales) + (int64_t)tj * S;
+      int32_t* s_dst = at<int32_t>(dst, L.off_pool_s) + (int64_t)rj * S;
+      int32_t sv[kPullScaleRegs];
+#pragma unroll
+      for (int u = 0; u < kPullScaleRegs; ++u) {
+        const int i = u * 32 + W.lane;
+        if (i < S) sv[u] = __ldg(s_src + i);
+      }
+      warp_push_v4<UNROLL>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)rj * H),
+                           reinterpret_cast<const int4*>(xin + (int64_t)tj * H), (int)(H / 16), W.lane);
+#pragma unroll
+      for (int u = 0; u < kPullScaleRegs; ++u) {
+        const int i = u * 32 + W.lane;
+        if (i < S) s_dst[i] = sv[u];
+      }
+      constexpr int kHeld = 32 * kPullScaleRegs;
+      if (S > kHeld)
+        warp_copy_b32<false>(reinterpret_cast<uint32_t*>(s_dst + kHeld),
+                             reinterpret_cast<const uint32_t*>(s_src + kHeld), (int)(S - kHeld), W.lane);
+    }
+    // ---- per-row words, lane j for its own row
+    if (valid) {
+      const uint64_t dst = peers[d];
+      const int32_t k = q - tok * K;
+      const int c = tok / L.combine_chunk;
       at<float>(dst, L.off_pool_w)[row] = wv;
       at<int32_t>(dst, L.off_row_src)[row] = (L.rank * T + tok) * K + k;
       if (bslot < L.combine_chunk * K) cmb_bucket(dst, L, L.rank, c)[bslot] = row;
     }
+    // ---- one publication for the group (contract above)
     ptx::fence_acq_rel_sys();
     __syncwarp();
-    if (W.lane == 0) ptx::red_add_release_sys_u32(at<uint32_t>(dst, L.off_arrivals) + row / L.block_m, 1u);
+    const int32_t blk = row / L.block_m;
+    const uint64_t key = valid ? (((uint64_t)(uint32_t)d << 32) | (uint32_t)blk) : ~0ull;
+    const unsigned same = __match_any_sync(0xffffffffu, key);
+    if (valid && W.lane == __ffs(same) - 1)
+      ptx::red_add_release_sys_u32(at<uint32_t>(peers[d], L.off_arrivals) + blk, (uint32_t)__popc(same));
   };
-  if (ctr && (int64_t)N > 2 * W.total_warps()) {
+  if (ctr && (int64_t)ngroups > 2 * warps) {
     for (;;) {
-      int32_t q = 0;
-      if (W.lane == 0) q = (int32_t)ptx::atom_add_relaxed_gpu_u32(ctr, 1u);
-      q = __shfl_sync(0xffffffffu, q, 0);
-      if (q >= N) break;
-      one_item(q);
+      int32_t gi = 0;
+      if (W.lane == 0) gi = (int32_t)ptx::atom_add_relaxed_gpu_u32(ctr, 1u);
+      gi = __shfl_sync(0xffffffffu, gi, 0);
+      if (gi >= ngroups) break;
+      one_group(gi * g);
     }
   } else {
-    for (int64_t q = W.gwarp(); q < N; q += W.total_warps()) one_item((int32_t)q);
+    for (int64_t gi = W.gwarp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
   }
 }
 
