@@ -1,9 +1,11 @@
 // Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh
 // and symm_comm/metadata.cuh. One cooperative launch: stage + phase A push -> one-hop cross-rank
 // barrier -> phase B pull -> last CTA out publishes the epoch.
-// Push mode (SYMM_DISPATCH_PUSH=1; default 0 = pull): phase A without the staging copy -> one-hop barrier ->
-// every owner's tables -> phase B push (this rank's rows into the owners) -> one-hop "done" barrier ->
-// last CTA out publishes the epoch.
+// Push calls: phase A without the staging copy -> one-hop barrier -> every owner's tables -> phase B push
+// (this rank's rows into the owners) -> one-hop "done" barrier -> last CTA out publishes the epoch.
+// Which calls push: SYMM_DISPATCH_PUSH=2 (default) per call, push iff some rank's num_tokens >=
+// SYMM_PUSH_MIN_TOKENS (default 2048 at H 7168, K 8); 0 always pull; 1 always push (symm_dispatch_kind,
+// include/symm_comm/dispatch.cuh "per-call mode").
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -17,14 +19,14 @@ constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E int
 constexpr int kPushUnroll = 14;  // H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
 
-// kPush: the push path (a.push == 1); a separate instantiation so the pull kernel's code (and register
-// allocation) stays what it was.
-template <typename IdxT, bool kPush>
+// kKind (SYMM_KIND_*, dispatch.cuh "per-call mode"): PULL = the pull kernel, PUSH = the push kernel,
+// AUTO = phase A for both, the mode decided after the one-hop barrier. Separate instantiations so the
+// pull kernel's code (and register allocation) stays what it was.
+template <typename IdxT, int kKind>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
-                         uint64_t timeout_ns, int onepass, int pull_dynamic) {
-  // a.push (host: SYMM_DISPATCH_PUSH) selects the push path; pull_dynamic also selects the dynamic
-  // distribution of the push items (same counter word).
+                         uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
+  // pull_dynamic also selects the dynamic distribution of the push items (same counter word).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -33,9 +35,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
   const ErrSink& err = call.err;
   a.parity = (int)(epoch & 1);
-  a.push = kPush ? 1 : 0;  // a compile-time constant inside (the metadata's push-only stores fold away)
+  a.push = kKind;  // a compile-time constant inside (the metadata's mode-specific stores fold away)
   const PoolTables t = PoolTables::carve(smem, L);
-  constexpr bool push = kPush;
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
   if (st0) stamp(local, L, 0);
@@ -44,8 +45,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // call (the last user of it) completed before this kernel started, and the next call (its next user)
   // starts after this kernel completed (stream order: the epoch protocol already needs calls in stream
   // order), so the plain store is visible to it. [parity] was zeroed by the previous call, or by
-  // symm_reset_state (creation / resync, both words) — also after a timed-out call.
+  // symm_reset_state (creation / resync, both words) — also after a timed-out call. Both modes use it.
   if (st0) *pull_counter(local, L, a.parity ^ 1) = 0u;
+  publish_num_tokens(L, s_peers, a);  // every kind (the auto ranks' decision input; dispatch.cuh)
   // Phase A. Large T (the default): warp 0 of the first G CTAs pushes the metadata in one pass over
   // its CTA's token range (its shared memory: the tables' space, built only after the barrier) while
   // every other warp stages the inputs.
@@ -58,8 +60,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Stagers sg = Stagers::of(W, G);
     clear_combine_buckets(sg, L, local);
     clear_push_hist(sg, L, local, a.parity);
-    if constexpr (push) stage_push<IdxT>(sg, L, local, a, err);  // kmask + bucket sizes, no staging copy
-    else stage_inputs<IdxT>(sg, L, local, a, err);
+    // PULL: staging copy + kmask; PUSH: kmask + bucket sizes, no copy; AUTO: all of it (T < threshold)
+    stage_inputs<IdxT, kKind != SYMM_KIND_PUSH, kKind != SYMM_KIND_PULL>(sg, L, local, a, err);
   }
   if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
   else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
@@ -71,9 +73,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
                                SYMM_PHASE_DISPATCH_RANKS, meta_ok)) {
     if (st0) stamp(local, L, 2);
+    // The call's mode: fixed by the kernel kind, or (AUTO) from every rank's num_tokens (same answer
+    // in every CTA of every rank; dispatch.cuh decide_push). Stamp 11 records it (not a time).
+    const bool push = kKind == SYMM_KIND_PUSH ||
+                      (kKind == SYMM_KIND_AUTO && decide_push(L, local, a.parity, push_min_tokens));
+    if (st0) state_stamps(local, L)[11] = SYMM_MODE_STAMP_SET | (kKind << 4) | (push ? 1 : 0);
     // Phase B
     build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
-    if constexpr (push) {
+    if (kKind != SYMM_KIND_PULL && push) {
       // Contract of the peer stores below: every owner d arrived at the one-hop barrier (acquired
       // above) only from inside its dispatch kernel of this epoch, so every earlier kernel on d's
       // stream (the previous combine reading cmb_hist / cmb_order / row_src, consumers of the pool)
@@ -91,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       push_bucket_counts(W, L, s_peers, local, pt, a.parity);
       push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, pull_dynamic ? pull_counter(local, L, a.parity) : nullptr);
       __syncthreads();
-      if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push mode only)
+      if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push calls only)
       // Completion: this CTA's stores (every thread fence.acq_rel.sys, bar.sync, red.release.sys per
       // rank) -> every rank's signal row SYMM_SIG_DISPATCH_DONE. Only CTA 0 then waits (ld.acquire.sys,
       // time limit, phase DISPATCH_PUSH_DONE) until every CTA of every source finished storing into
@@ -99,16 +106,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       // only after CTA 0 does, i.e. after CTA 0 acquired every source's arrival (each cumulative over
       // that CTA's stores into us); the kernel boundary then orders all of it before any later kernel
       // on this stream (combine, pool consumers). No CTA of this kernel reads what peers stored here.
+      // The row also grows by 2^32 in pull calls (rank_arrive_whole), so "word >= epoch << 32" holds
+      // across mode switches (barrier.cuh).
       cta_rank_barrier_counted(s_peers, local, L, SYMM_SIG_DISPATCH_DONE, epoch, deadline, err,
                                SYMM_PHASE_DISPATCH_PUSH_DONE, /*arrive=*/true, /*wait=*/blockIdx.x == 0);
     } else {
+      rank_arrive_whole(s_peers, L, SYMM_SIG_DISPATCH_DONE);  // keep the done row counted (every pull call)
       if (!check_capacity(W, L, t, a.masked != 0, err)) {
         pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
       } else {
         if (blockIdx.x == 0) publish_layout(W, L, local, t);
         pad_blocks(W, L, local, t);
         if (st0) stamp(local, L, 3);
-        pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
+        // AUTO kind: 14 vectors per lane (= one batch per row up to H 7168, as 16; H 8192 takes two):
+        // with 16 the kernel that holds both phase Bs spills 24 bytes (nvcc 13); PULL kind unchanged.
+        pull_rows<kKind == SYMM_KIND_AUTO ? kPushUnroll : kPullUnroll>(W, L, s_peers, local, t, a.parity,
                                pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
       }
     }
@@ -152,6 +164,31 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
 }
 }  // namespace
 
+// Default auto threshold (SYMM_PUSH_MIN_TOKENS unset): push iff some rank has >= kPushMinIdBytes /
+// (K * H) tokens (2048 at H 7168, K 8). From the 2 x H200 measurements (push v2 vs pull, bench/comm.py):
+// push - pull = +9.6 us at 1 token, +9.5 at 128, -12.6 at 4096; a linear fit (fixed ~+10 us: second
+// cross-rank hop + every owner's tables; variable ~-5.6 ns per token at H 7168, K 8: the staging copy
+// and the faster write direction, both proportional to the rows' bytes) crosses at ~1800 tokens. 2048
+// is the first power of two past it (predicted -1.5 us there); below, pull; the bytes scale the same
+// way at other H, K. docs/perf-notes-symm_comm.md "Push/pull per call".
+constexpr int64_t kPushMinIdBytes = 2048LL * 8 * 7168;
+
+extern "C" int symm_dispatch_kind(const SymmLayout* layout, int num_tokens, int mode, int min_tokens_env,
+                                  int32_t* min_tokens_out) {
+  int rc = symm_host::check_layout(layout);
+  if (rc) return rc;
+  const SymmLayout& L = *layout;
+  const int64_t per_tok = (int64_t)L.topk * L.hidden;
+  const int64_t dflt = per_tok > 0 ? (kPushMinIdBytes + per_tok - 1) / per_tok : 1;
+  const int32_t min_tokens = min_tokens_env >= 0 ? min_tokens_env : (int32_t)(dflt < 1 ? 1 : dflt);
+  if (min_tokens_out) *min_tokens_out = min_tokens;
+  const int64_t push_tables = symm_tables_smem_ints(&L) + symm::symm_push_smem_ints(&L);
+  if (mode == 0 || push_tables * 4 > kMaxPushSmem) return SYMM_KIND_PULL;  // push needs its tables in smem
+  if (mode == 1) return SYMM_KIND_PUSH;
+  if (L.max_tokens < min_tokens) return SYMM_KIND_PULL;  // no rank can reach the threshold: no decision
+  return num_tokens >= min_tokens ? SYMM_KIND_PUSH : SYMM_KIND_AUTO;
+}
+
 extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, const void* x, const float* scales,
                              const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens, int masked,
                              int num_sms, int64_t timeout_ns, int32_t* host_err, cudaStream_t stream) {
@@ -170,26 +207,34 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
-  // Default 0 (push v2, not GPU-run: push lost at 128 / 1 tokens in v1; flip after it is measured to win).
-  // SYMM_DISPATCH_PUSH=1: push dispatch (sources store their rows into the owners' pools,
-  // SM-issued peer WRITES, no staging copy); 0: the pull path (owners read the sources' staging), A/B
-  // and fallback. Read once per process: the "done" signal row only counts push calls, so every rank
-  // must use the same mode, and a process must not switch modes between calls. Push also needs the
-  // pool + push tables in shared memory (always at the usual sizes; else the pull path runs).
-  static const int push_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 0);
+  // Mode (dispatch.cuh, "per-call mode"): SYMM_DISPATCH_PUSH=2 (default) auto per call, 0 always pull,
+  // 1 always push; SYMM_PUSH_MIN_TOKENS the auto threshold (default from the layout). Read once per
+  // process; both MUST be the same on every rank (the kernel kinds of one call must agree on the mode).
+  static const int mode_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 2);
+  static const int min_tokens_env = symm_host::env_int("SYMM_PUSH_MIN_TOKENS", -1);
+  int32_t min_tokens = 0;
+  const int kind = symm_dispatch_kind(&L, num_tokens, mode_env, min_tokens_env, &min_tokens);
+  a.push = kind;
   const int64_t push_tables = tables + symm::symm_push_smem_ints(&L);
-  a.push = push_env != 0 && push_tables * 4 <= kMaxPushSmem;
-  const int64_t need = a.push ? push_tables : tables;
+  const int64_t need = kind != SYMM_KIND_PULL ? push_tables : tables;
   const size_t smem = (size_t)(onepass && meta > need ? meta : need) * 4;
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row_dynamic);
   // 2: two items per grab (at R = 2 one row of each source; half the atomics).
   static const int pull_env = symm_host::env_int("SYMM_PULL_DYNAMIC", 1);
   static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
-  auto kernel = idx_bytes == 8 ? (a.push ? symm_dispatch_kernel<int64_t, true> : symm_dispatch_kernel<int64_t, false>)
-                                : (a.push ? symm_dispatch_kernel<int32_t, true> : symm_dispatch_kernel<int32_t, false>);
+  using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);
+  K64P kernel = nullptr;
+  if (idx_bytes == 8)
+    kernel = kind == SYMM_KIND_PUSH   ? symm_dispatch_kernel<int64_t, SYMM_KIND_PUSH>
+             : kind == SYMM_KIND_AUTO ? symm_dispatch_kernel<int64_t, SYMM_KIND_AUTO>
+                                      : symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>;
+  else
+    kernel = kind == SYMM_KIND_PUSH   ? symm_dispatch_kernel<int32_t, SYMM_KIND_PUSH>
+             : kind == SYMM_KIND_AUTO ? symm_dispatch_kernel<int32_t, SYMM_KIND_AUTO>
+                                      : symm_dispatch_kernel<int32_t, SYMM_KIND_PULL>;
   return symm_host::launch_coop(kernel, kThreads, smem, num_sms, stream, L, peers, a, host_err, (uint64_t)timeout_ns,
-                                onepass, pull_dynamic);
+                                onepass, pull_dynamic, min_tokens);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

@@ -133,6 +133,22 @@ __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, 
   return __syncthreads_and(ok) != 0;
 }
 
+// ---- the done row in calls that do not push (dispatch, SYMM_SIG_DISPATCH_DONE) ----------------------
+// A push call's completion wait is "signals[done][s] >= epoch << 32" (cta_rank_barrier_counted), which
+// needs the row to grow by exactly 2^32 in EVERY dispatch call of s, whatever its mode. A call that
+// does not push adds the whole 2^32 at once: thread r < R of CTA 0 does ONE red.relaxed.sys into rank r
+// (nothing is published through it: no fence). Why the count stays right across mode switches:
+// contributions are >= 0, every completed call of s adds exactly 2^32 (push: 2^32 - (n - 1) + (n - 1)
+// x 1; pull: 2^32), a call in progress adds < 2^32, and s's call e + 1 starts only after its call e
+// completed (stream order, every red of call e issued). So "word >= e << 32" at r holds iff every
+// arrival of s's calls <= e is in, as with push-only calls (CPU model: tests/symm_comm/test_push_auto.py).
+// Called by every CTA (only CTA 0 acts), once per call, on the non-push path after the one-hop barrier
+// succeeded (a failed barrier needs resync(), which resets the row).
+__device__ __forceinline__ void rank_arrive_whole(const uint64_t* peers, const SymmLayout& L, int op) {
+  if (blockIdx.x == 0 && (int)threadIdx.x < L.num_ranks)
+    ptx::red_add_relaxed_sys_u64(signals(peers[threadIdx.x], L, op) + L.rank, (uint64_t)1 << 32);
+}
+
 // ---- start of a standalone kernel: peers, this call's epoch, its time limit and error sink ---------
 struct CallStart {
   uint64_t local;     // this rank's buffer base

@@ -9,7 +9,9 @@
 //   buffer.
 // Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
 //   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
-// Push mode (SYMM_DISPATCH_PUSH=1; default 0 = pull; DispatchArgs::push): no staging copy. Phase A also
+// Mode per call (SYMM_DISPATCH_PUSH=2, default): push iff some rank's num_tokens >= min_tokens (section
+//   "per-call mode" below); 0 = always pull, 1 = always push (process-wide overrides, same on all ranks).
+// Push mode (DispatchArgs::push): no staging copy. Phase A also
 //   writes every expert's count into every rank (meta_all) and keeps each id's slot locally
 //   (push_slot); after the same one-hop barrier every rank computes EVERY owner's pool positions
 //   (build_push_tables: the same integers the owner's build_pool_tables gives) and stores its own rows
@@ -45,23 +47,30 @@ struct Stagers {
   }
 };
 
-// Stagers: stage this rank's x / scales / weights into its own buffer half `parity`, build the
-// per-token mask of valid k, and report out-of-range expert ids.
-template <typename IdxT>
+// Stagers: stage this rank's x / scales / weights into its own buffer half `parity` (kCopy: pull and
+// auto kinds), build the per-token mask of valid k, and report out-of-range expert ids. kHist (push and
+// auto kinds): push_hist[parity][0][d][c] += rows of token chunk c routed to owner d (local atomics; the
+// half was zeroed by the previous call or symm_reset_state; final after the one-hop barrier, whose
+// arrivals include this rank's own CTAs).
+template <typename IdxT, bool kCopy = true, bool kHist = false>
 __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout& L, uint64_t local,
                                              const DispatchArgs& a, const ErrSink& err) {
   const int64_t T = a.num_tokens, H = L.hidden, K = L.topk, S = L.scale_cols;
   const int64_t gt = st.gt, nt = st.nt;
-  uint8_t* sx = stage_x(local, L, a.parity);
-  if (a.x != sx) grid_copy_bytes(sx, a.x, T * H, gt, nt);
-  float* ss = stage_s(local, L, a.parity);
-  if (a.scales != ss) grid_copy_bytes(ss, a.scales, T * S * 4, gt, nt);
-  float* sw = stage_w(local, L, a.parity);
-  if (a.topk_w) {
-    if (a.topk_w != sw) grid_copy_bytes(sw, a.topk_w, T * K * 4, gt, nt);
-  } else {
-    for (int64_t i = gt; i < T * K; i += nt) sw[i] = 0.f;
+  if constexpr (kCopy) {
+    uint8_t* sx = stage_x(local, L, a.parity);
+    if (a.x != sx) grid_copy_bytes(sx, a.x, T * H, gt, nt);
+    float* ss = stage_s(local, L, a.parity);
+    if (a.scales != ss) grid_copy_bytes(ss, a.scales, T * S * 4, gt, nt);
+    float* sw = stage_w(local, L, a.parity);
+    if (a.topk_w) {
+      if (a.topk_w != sw) grid_copy_bytes(sw, a.topk_w, T * K * 4, gt, nt);
+    } else {
+      for (int64_t i = gt; i < T * K; i += nt) sw[i] = 0.f;
+    }
   }
+  int32_t* hist = push_hist(local, L, a.parity, 0);
+  const int Lx = L.num_local_experts, C = L.num_chunks;
   // kmask: the ids of a token are loaded kIdxBatch at a time (one latency, not K in a row).
   constexpr int kIdxBatch = 8;
   uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
@@ -74,8 +83,10 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
 #pragma unroll
       for (int u = 0; u < kIdxBatch; ++u) {
         const int k = k0 + u;
-        if (e[u] >= 0 && e[u] < L.num_experts) m |= 1u << k;
-        else if (e[u] != -1)
+        if (e[u] >= 0 && e[u] < L.num_experts) {
+          m |= 1u << k;
+          if (kHist) atomicAdd(hist + (int)(e[u] / Lx) * C + (int)(t / L.combine_chunk), 1);
+        } else if (e[u] != -1)
           report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e[u]);
       }
     }
@@ -238,6 +249,44 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
 }
 
 
+// ==== per-call mode (SYMM_DISPATCH_PUSH=2, the default: auto) ==========================================
+// Rule: a call pushes iff max over ranks s of num_tokens(s) >= min_tokens (host: symm_dispatch_kind,
+// identical on every rank: same layout, same environment). The host launches, per rank:
+//   kind PULL (0): SYMM_DISPATCH_PUSH=0, push impossible (shared memory), or max_tokens < min_tokens
+//                  (no rank can reach the threshold): the pull kernel, no decision in the kernel;
+//   kind PUSH (1): SYMM_DISPATCH_PUSH=1, or auto with THIS rank's num_tokens >= min_tokens: this rank
+//                  knows the max reaches the threshold, so the call pushes on every rank: push-only
+//                  phase A (no staging copy);
+//   kind AUTO (2): auto with this rank's num_tokens < min_tokens: phase A for both modes (staging copy,
+//                  slots to the owners, local slot map, counts to every rank: the extra cost is small
+//                  because T is below the threshold), then decide_push after the one-hop barrier.
+// Consistency: pull is decided only if EVERY rank's T < min_tokens, i.e. every rank ran a PULL or AUTO
+// phase A (staged, sent its slots); push is decided iff some rank's T >= min_tokens, and then every
+// rank ran a PUSH or AUTO phase A (local slot map, counts in meta_all). No extra host sync, no extra
+// cross-rank hop: the decision input rides on the one-hop barrier that both modes have.
+
+// Phase A, every kind: thread r < R of CTA 0 stores this call's num_tokens into rank r's
+// meta_all[parity][E][rank] (plain store). Ordered before r's read (decide_push) by the one-hop
+// barrier: this thread's fence.acq_rel.sys, bar.sync, the CTA's red.release.sys arrival, acquired by
+// r's thread (this rank) with ld.acquire.sys. WAR on the parity half: as meta_all's counts (call e + 2
+// of this rank writes it only after r passed call e + 1's barrier, i.e. finished call e).
+__device__ __forceinline__ void publish_num_tokens(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a) {
+  if (blockIdx.x == 0 && (int)threadIdx.x < L.num_ranks)
+    meta_all(peers[threadIdx.x], L, a.parity)[(int64_t)L.num_experts * L.num_ranks + L.rank] = a.num_tokens;
+}
+
+// After the one-hop barrier, all threads of the CTA (uniform result, bar.sync inside): thread r < R
+// reads rank r's num_tokens (same thread that acquired r's arrival in cta_rank_barrier_counted, so the
+// load is ordered after it), push iff any is >= min_tokens. Every CTA of every rank reads the same R
+// words of this call: the same answer everywhere.
+__device__ __forceinline__ bool decide_push(const SymmLayout& L, uint64_t local, int parity, int32_t min_tokens) {
+  bool big = false;
+  if ((int)threadIdx.x < L.num_ranks)
+    big = ptx::ld_relaxed_sys_s32(meta_all(local, L, parity) + (int64_t)L.num_experts * L.num_ranks + threadIdx.x) >=
+          min_tokens;
+  return __syncthreads_or(big) != 0;
+}
+
 // ==== push mode ======================================================================================
 // Shared-memory ints of the push tables (host and device): pos [E], ok [R], le_start per owner [R][L + 1].
 SYMM_LAYOUT_HD int64_t symm_push_smem_ints(const SymmLayout* L) {
@@ -313,39 +362,12 @@ __device__ __forceinline__ void build_push_tables(const Workers& W, const SymmLa
   W.sync();
 }
 
-// Phase A of push mode (the stagers, instead of stage_inputs): kmask + bad-id reports as stage_inputs,
-// no copy, and push_hist[parity][0][d][c] += rows of token chunk c routed to owner d (local atomics;
-// the half was zeroed by the previous call or symm_reset_state; final after the one-hop barrier,
-// whose arrivals include this rank's own CTAs).
+// Phase A of push mode (the stagers, instead of stage_inputs): kmask + bad-id reports + bucket sizes
+// (push_hist[parity][0]), no copy.
 template <typename IdxT>
 __device__ __forceinline__ void stage_push(const Stagers& st, const SymmLayout& L, uint64_t local,
                                            const DispatchArgs& a, const ErrSink& err) {
-  const int64_t T = a.num_tokens, K = L.topk;
-  const int Lx = L.num_local_experts, C = L.num_chunks;
-  int32_t* hist = push_hist(local, L, a.parity, 0);
-  uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
-  for (int64_t t = st.gt; t < T; t += st.nt) {
-    uint32_t m = 0;
-    const int c = (int)(t / L.combine_chunk);
-    constexpr int kIdxBatch = 8;  // as stage_inputs: the ids of a token loaded 8 at a time (one latency)
-    for (int k0 = 0; k0 < K; k0 += kIdxBatch) {
-      int64_t ev[kIdxBatch];
-#pragma unroll
-      for (int u = 0; u < kIdxBatch; ++u) ev[u] = k0 + u < K ? load_idx<IdxT>(a.topk_idx, t * K + k0 + u) : -1;
-#pragma unroll
-      for (int u = 0; u < kIdxBatch; ++u) {
-        const int k = k0 + u;
-        const int64_t e = ev[u];
-        if (e >= 0 && e < L.num_experts) {
-          m |= 1u << k;
-          atomicAdd(hist + (int)(e / Lx) * C + c, 1);
-        } else if (e != -1) {
-          report_error(err, SYMM_ERR_BAD_EXPERT, SYMM_PHASE_DISPATCH_SCAN, (int32_t)(t * K + k), (int32_t)e);
-        }
-      }
-    }
-    kmask[t] = m;
-  }
+  stage_inputs<IdxT, /*kCopy=*/false, /*kHist=*/true>(st, L, local, a, err);
 }
 
 // Both modes, phase A (stagers): zeroes push_hist[parity ^ 1] (both counters) for the next call. No CTA

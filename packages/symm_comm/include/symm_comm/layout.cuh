@@ -7,14 +7,18 @@
 //   signals      u64 [SYMM_NUM_SIGNALS][R]      written by PEERS: [dispatch][s] += 2^32 per call of s (one
 //                                               red.release.sys per CTA of s, see barrier.cuh);
 //                                               [combine][s] = epoch s started (st.release.sys);
-//                                               [dispatch_done][s] += 2^32 per push-dispatch call of s, after
-//                                               s finished storing into this rank (counted like [dispatch])
+//                                               [dispatch_done][s] += 2^32 per dispatch call of s (EVERY mode
+//                                               since v6): push calls after s finished storing into this rank
+//                                               (counted like [dispatch]), pull calls by one relaxed red of
+//                                               CTA 0 (nothing to publish; keeps the row == epoch << 32)
 //   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, pull work counters,
 //                                               error word
 //   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
 //   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS (pull mode)
-//   meta_all     i32 [2][E][R]                  push mode: count of (expert e, source s), written by EVERY
-//                                               source into EVERY rank in phase A (parity = epoch & 1)
+//   meta_all     i32 [2][E + 1][R]              push / auto mode: [e][s] count of (expert e, source s), written
+//                                               by EVERY source into EVERY rank in phase A (parity = epoch & 1);
+//                                               row [E][s] = num_tokens of source s in this call (the auto
+//                                               mode's decision input, dispatch.cuh decide_push)
 //   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
 //   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
 //   stage_w      f32 [2][T][K]                  top-k weights
@@ -49,12 +53,13 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 5  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2)
+#define SYMM_LAYOUT_VERSION 6  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
+                               // 6: meta_all row E = num_tokens per source, done row counted in every call
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
 #define SYMM_NUM_SIGNALS 3  // signal rows: the ops, then SYMM_SIG_DISPATCH_DONE
-#define SYMM_SIG_DISPATCH_DONE 2  // push dispatch: "source s finished storing into this rank" (counted)
+#define SYMM_SIG_DISPATCH_DONE 2  // "source s finished dispatch call e" (counted; push: done storing into this rank)
 #define SYMM_REGION_ALIGN 1024
 #define SYMM_STATE_BYTES 256
 #define SYMM_MAX_TOPK 32    // kmask is a u32
@@ -68,7 +73,14 @@
                                   // other zeroed by that call (CTA 0, at its start; pool.cuh, csrc/dispatch.cu)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
 #define SYMM_STATE_STAMPS 160     // u64 [12]: %globaltimer per stage of the last call (diagnostics, CTA 0 +
-                                  // last CTA out): [0..5] dispatch, [6..11] combine; see csrc/*.cu
+                                  // last CTA out): [0..5] dispatch, [6..9] combine, [10] dispatch push: CTA 0
+                                  // done storing; [11] dispatch mode of the last call (NOT a time:
+                                  // SYMM_MODE_STAMP_* bits, csrc/dispatch.cu); see csrc/*.cu
+// Stamp [11] (written by CTA 0 of every dispatch): SYMM_MODE_STAMP_SET | kernel kind << 4 | pushed.
+#define SYMM_MODE_STAMP_SET 0x100
+#define SYMM_KIND_PULL 0  // the pull-only kernel (SYMM_DISPATCH_PUSH=0, push impossible, or max_tokens < threshold)
+#define SYMM_KIND_PUSH 1  // the push-only kernel (SYMM_DISPATCH_PUSH=1, or auto with this rank's T >= threshold)
+#define SYMM_KIND_AUTO 2  // phase A for both modes, decided after the one-hop barrier from every rank's T
 
 #ifdef __cplusplus
 extern "C" {
@@ -177,7 +189,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->stage_w_half = symm_align_up(T * K * 4, 16);
   L->combine_half = symm_align_up(K * T * H * 2, 16);
   L->cmb_arr_half = symm_align_up(T * 4, 16);
-  L->meta_all_half = symm_align_up(E * R * 4, 16);
+  L->meta_all_half = symm_align_up((E + 1) * R * 4, 16);  // + row E: num_tokens per source
   // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables ((R + 5) * C ints) fit 32 KiB.
   int64_t chunk = 16;
   while ((R + 5) * ((T + chunk - 1) / chunk) > 8192) chunk *= 2;
@@ -268,7 +280,7 @@ __host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const S
   return at<uint16_t>(base, L.off_combine + parity * L.combine_half) +
          ((int64_t)k * L.max_tokens + token) * L.hidden;
 }
-// meta_all[parity][e][s] (push mode)
+// meta_all[parity][e][s] (push / auto mode); [parity][E][s] = num_tokens of source s
 __host__ __device__ __forceinline__ int32_t* meta_all(uint64_t base, const SymmLayout& L, int parity) {
   return at<int32_t>(base, L.off_meta_all + parity * L.meta_all_half);
 }

@@ -8,7 +8,9 @@
 //                         a cross-group prefix per expert through the meta_scan region (the default);
 //   push_metadata         (larger N, SYMM_META_ONEPASS=0): the older two-pass scan of ALL ids per expert
 //                         (kept for A/B measurements and as a fallback).
-// Push mode (DispatchArgs::push, SYMM_DISPATCH_PUSH=1): the slots are NOT sent to the owner; instead each
+// Auto mode (DispatchArgs::push == 2): both of the below (pull's slots to the owner AND push's local map
+// + counts to every rank), the mode is decided after the barrier.
+// Push mode (DispatchArgs::push == 1): the slots are NOT sent to the owner; instead each
 // id's slot is kept locally (push_slot[token * K + k], the inverse map), and every expert's count is
 // also written into EVERY rank's meta_all[parity][e][source] (all ranks then know every owner's pool
 // layout: dispatch.cuh, build_push_tables). meta_count (the owner's own tables) is written as before.
@@ -34,12 +36,17 @@ struct DispatchArgs {
   int32_t num_tokens;    // T of this rank, <= L.max_tokens
   int32_t masked;        // 0 contiguous, 1 masked pool layout
   int32_t parity;        // epoch & 1
-  int32_t push;          // 1: push dispatch (sources store rows into the owners), 0: pull (dispatch.cuh)
+  int32_t push;          // phase A kind (a compile-time constant inside the kernel, SYMM_KIND_*): 0 pull only
+                         // (slots to the owners), 1 push only (slots kept locally, counts to every rank),
+                         // 2 auto: both (the mode is decided after the one-hop barrier, dispatch.cuh)
 };
+// Phase A writes the pull's metadata (meta_slots at the owners) / the push's (push_slot, meta_all).
+__device__ __forceinline__ bool sends_slots(const DispatchArgs& a) { return a.push != 1; }
+__device__ __forceinline__ bool keeps_slots(const DispatchArgs& a) { return a.push != 0; }
 
 // Publishes expert e's (clamped) count of this source: the owner's meta_count (by the caller) and, in
-// push mode, every rank's meta_all[parity][e][rank]; threads i0, i0 + step, ... of the caller's group
-// take the ranks.
+// push / auto mode (a.push != 0), every rank's meta_all[parity][e][rank]; threads i0, i0 + step, ... of
+// the caller's group take the ranks.
 __device__ __forceinline__ void push_count_all(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
                                                int e, int32_t count, int i0, int step) {
   if (!a.push) return;
@@ -129,8 +136,8 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     }
     W.sync();
     // pass 2: slots (peer stores)
-    int32_t* slots = a.push ? nullptr : meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t* my_slots = a.push ? push_slot(peers[L.rank], L) : nullptr;
+    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
+    int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t total = scratch[W.nwarps];
     if (cnt > 0) write_slots<U, IdxT>(L, a.topk_idx, beg, end, e, W.lane, scratch[W.warp], slots, my_slots);
     if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
@@ -151,8 +158,8 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   const int Lx = L.num_local_experts;
   for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
-    int32_t* slots = a.push ? nullptr : meta_slots(peers[owner], L, a.parity, le, L.rank);
-    int32_t* my_slots = a.push ? push_slot(peers[L.rank], L) : nullptr;
+    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
+    int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t run = write_slots<U, IdxT>(L, a.topk_idx, 0, N, e, W.lane, 0, slots, my_slots);
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
     push_count_all(L, peers, a, e, run < L.max_tokens ? run : L.max_tokens, W.lane, 32);
@@ -205,8 +212,8 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       __syncwarp();  // the update is visible to the next step
       if (kSlots && e >= 0) {
         const int32_t slot = before + __popc(same & lt);
-        if (a.push) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;  // local inverse map
-        else if (slot < L.max_tokens)
+        if (keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;  // local inverse map
+        if (sends_slots(a) && slot < L.max_tokens)
           meta_slots(peers[e / Lx], L, a.parity, e % Lx, L.rank)[slot] = (int32_t)(base + u * 32 + lane);
       }
     }

@@ -113,6 +113,9 @@ SYMM_DEV void red_add_release_sys_u64(uint64_t* p, uint64_t v) {
 SYMM_DEV void red_add_relaxed_sys_u32(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+SYMM_DEV void red_add_relaxed_sys_u64(uint64_t* p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 SYMM_DEV void red_add_release_gpu_u32(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
