@@ -57,10 +57,12 @@ def test_comm(world, backend, scenarios):
         assert set(r["done"]) == want, f"rank {r['rank']} finished only {r['done']}"
 
 
-@pytest.mark.parametrize("push", ["0", "1"])
+@pytest.mark.parametrize("push", ["0", "1", "2"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_comm_pull_path(world, push, monkeypatch):
-    """The same checks with SYMM_DISPATCH_PUSH=0 (pull, the default) and =1 (push dispatch), whatever the
+    """The same checks with SYMM_DISPATCH_PUSH=0 (pull), =1 (push dispatch) and =2 (auto, the default:
+    at the test's sizes all pull: the buffers' max_tokens are below the threshold, so the PULL kernel runs;
+    test_comm_auto_mode covers the AUTO / PUSH kernels of the auto mode), whatever the
     environment of the run: both paths must give the exact rows, counts, arrivals and combine results
     the workers check (env read once per process: the spawned workers inherit it)."""
     if not _lib_ok():
@@ -69,6 +71,26 @@ def test_comm_pull_path(world, push, monkeypatch):
         pytest.skip(f"needs {world} GPUs")
     monkeypatch.setenv("SYMM_DISPATCH_PUSH", push)
     scen = SCENARIOS[0].split(",") + ["pool_overflow"]
+    res = comm_worker.launch(world, "torch", scen, timeout_s=300)
+    bad = [r for r in res if not r["ok"]]
+    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
+    for r in res:
+        assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_comm_auto_mode(world, monkeypatch):
+    """SYMM_DISPATCH_PUSH=2 (auto, per call) with the threshold at 64 tokens: calls on both sides of it in
+    one process, checked one by one (rows, combine, the mode in stamp 11) and back to back without a host
+    sync (the done signal row must stay counted across mode switches), then the usual cases."""
+    if not _lib_ok():
+        pytest.skip("libsymm_comm.so not built")
+    if world > NG:
+        pytest.skip(f"needs {world} GPUs")
+    monkeypatch.setenv("SYMM_DISPATCH_PUSH", "2")
+    monkeypatch.setenv("SYMM_PUSH_MIN_TOKENS", "64")
+    scen = ["auto_modes", "basic", "zero_tokens", "one_expert", "many_calls"]
+    monkeypatch.setenv("SYMM_TEST_CALLS", "60")
     res = comm_worker.launch(world, "torch", scen, timeout_s=300)
     bad = [r for r in res if not r["ok"]]
     assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
