@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                SYMM_PHASE_DISPATCH_RANKS, meta_ok)) {
     if (st0) stamp(local, L, 2);
     // Phase B
-    build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
+    build_pool_tables(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
     if (!check_capacity(W, L, t, a.masked != 0, err)) {
       pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
     } else {
