@@ -24,7 +24,7 @@ def commit() -> str:
 
 def _hold_stream(ms: float) -> None:
     """Parks the current stream on a GPU sleep of ~ms so the host enqueues what follows ahead of
-    the GPU: the events then time GPU work only (what a CUDA graph or a host running ahead sees)."""
+    the GPU (time_cuda_sequence: per-call times of a back-to-back sequence, host cost excluded)."""
     clk = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 0) or 1_980_000  # kHz
     torch.cuda._sleep(int(ms * clk))
 
@@ -65,29 +65,22 @@ def time_cuda_graph(fn, *, warmup=3, reps=20, batch=4) -> float | None:
     return times[len(times) // 2]
 
 
-def time_gpu(fn, **kw) -> float:
-    """GPU time per call: CUDA-graph replay if fn can be captured, else a held stream (time_cuda)."""
-    t = time_cuda_graph(fn, **kw)
-    return t if t is not None else time_cuda(fn, hold_ms=0.5, batch=8)
-
-
 def time_best(fn, **kw) -> tuple[float, float]:
-    """(best, host_inclusive): the faster of CUDA-graph replay (time_gpu) and host-inclusive
-    back-to-back calls (time_cuda), and the latter. One rule for our kernels, the torch baselines and
+    """(best, host_inclusive): the faster of CUDA-graph replay (time_cuda_graph; skipped if fn cannot
+    be captured) and host-inclusive back-to-back calls (time_cuda), and the latter. One rule for our kernels, the torch baselines and
     the ceilings: a graph's memcpy node runs on a copy engine (~2.7 TB/s on H200 vs ~4.2 for the
     stream copy), and graph replay measured slower than stream launches for some cases, so neither
     method alone is fair to every callable."""
     th = time_cuda(fn, **kw)
-    return min(time_gpu(fn, **kw), th), th
+    tg = time_cuda_graph(fn, **kw)
+    return (th if tg is None else min(tg, th)), th
 
 
-def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None, hold_ms=0.0) -> float:
+def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None) -> float:
     """Median seconds per fn() call, from CUDA events around `batch` back-to-back calls, over `reps`
-    batches after `warmup` calls. `setup(i)` (untimed, synchronised; forces batch=1) may rotate inputs.
-    hold_ms = 0: host-inclusive (the host's launch of the first call of a batch is inside the time;
-    batch > 1 overlaps the others'). hold_ms > 0: the stream is parked on a GPU sleep first, so the
-    whole batch is enqueued before it runs and the time is the GPU's alone (use only for work that
-    never syncs with the host inside fn)."""
+    batches after `warmup` calls: host-inclusive (the host's launch of the first call of a batch is
+    inside the time; batch > 1 overlaps the others'). `setup(i)` (untimed, synchronised; forces
+    batch=1) may rotate inputs."""
     if setup is not None:
         batch = 1
     for i in range(warmup):
@@ -101,8 +94,6 @@ def time_cuda(fn, *, warmup=5, reps=30, batch=4, setup=None, hold_ms=0.0) -> flo
             setup(i)
             torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if hold_ms > 0:
-            _hold_stream(hold_ms)
         a.record()
         for _ in range(batch):
             fn()

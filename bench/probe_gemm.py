@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import time_cuda, time_gpu  # noqa: E402
+from common import time_best  # noqa: E402
 from gemm import CASES, gaussian_packed, gemm_call  # noqa: E402
 
 from fp4_gemm import quantize_fp8  # noqa: E402
@@ -27,14 +27,10 @@ def main():
         torch.manual_seed(0)
         w = gaussian_packed(G, N, K)
         xq, xs = quantize_fp8(torch.randn(G * m, K, device="cuda").to(torch.bfloat16))
-        call = gemm_call(lay, G, m, K, w, xq, xs, bn)
-        t = time_gpu(call)  # GPU time (graph replay), as bench/gemm.py
-        th = time_cuda(call, hold_ms=2.0) if os.environ.get("PROBE_TIMING") else 0.0
-        tc = time_cuda(call) if os.environ.get("PROBE_TIMING") else 0.0
+        t, _ = time_best(gemm_call(lay, G, m, K, w, xq, xs, bn))  # the same rule as bench/gemm.py
         wb = w.packed.numel() + w.row_scale.numel() * 4
         print(f"{tag:28s} {name:22s} {t * 1e6:9.1f} us  {2.0 * G * m * N * K / t / 1e12:7.1f} TFLOPS  "
-              f"{wb / t / 1e9:7.1f} GB/s weights" +
-              (f"  [held 2 ms: {th * 1e6:.1f} us, host-incl: {tc * 1e6:.1f} us]" if th else ""), flush=True)
+              f"{wb / t / 1e9:7.1f} GB/s weights", flush=True)
 
 
 if __name__ == "__main__":

@@ -97,8 +97,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
       if constexpr (kEpi == Epilogue::kBF16) {
         const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
         if constexpr (Cfg::kStagedStore) {
-          static_assert(Cfg::kStoreRowBytes == kStoreRowBytes, "one staging row size");
-          store_bf16_staged<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg,
+          store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg,
                                           sm.store_tile(wg), kStoreBarrier0 + uint32_t(wg));
         } else {
           store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);

@@ -41,8 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
     ptx::fence_acq_rel_sys();
     __syncthreads();
-    if (threadIdx.x < L.num_ranks)
-      ptx::st_release_sys_u64(signals(s_peers[threadIdx.x], L, SYMM_OP_COMBINE) + L.rank, epoch);
+    rank_signal(s_peers, L, SYMM_OP_COMBINE, epoch, threadIdx.x);
   }
   // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
   // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                       (kKind == SYMM_KIND_AUTO && decide_push(L, local, a.parity, push_min_tokens));
     if (st0) state_stamps(local, L)[11] = SYMM_MODE_STAMP_SET | (kKind << 4) | (push ? 1 : 0);
     // Phase B
-    build_pool_tables(W, L, t, meta_count(local, L, a.parity), nullptr, a.masked != 0);
+    build_pool_tables(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
     if (kKind != SYMM_KIND_PULL && push) {
       // Contract of the peer stores below: every owner d arrived at the one-hop barrier (acquired
       // above) only from inside its dispatch kernel of this epoch, so every earlier kernel on d's

@@ -12,16 +12,19 @@ namespace fp4_gemm {
 
 constexpr int kNumShifts = WL::kMaxShift - WL::kMinShift + 1;
 
-// LUT[s - kMinShift] = E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^s (RNE, as the Python
-// reference `fp8_e4m3_lut`). 8 bytes per shift: 160 bytes of shared memory, filled once per CTA.
+// E4M3 code (RNE, saturating, as the Python reference `fp8_e4m3_lut`) of E2M1 magnitude code c
+// (0..7: exponent c >> 1 with bias 1, one mantissa bit c & 1) times 2^shift.
+__device__ __forceinline__ uint8_t e4m3_of_e2m1(int c, int shift) {
+  const int e = c >> 1, m = c & 1;
+  const float mag = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
+  return __nv_cvt_float_to_fp8(ldexpf(mag, shift), __NV_SATFINITE, __NV_E4M3);
+}
+
+// LUT[s - kMinShift] = E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^s. 8 bytes per shift: 160 bytes
+// of shared memory, filled once per CTA (the slow path of decode_raw).
 __device__ __forceinline__ void fill_shift_lut(uint2* lut, int tid, int nthreads) {
-  for (int i = tid; i < kNumShifts * 8; i += nthreads) {
-    // E2M1 magnitude of code c: exponent c >> 1 (bias 1), one mantissa bit c & 1.
-    const int c = i % 8, e = c >> 1, m = c & 1;
-    const float mag = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
-    const float v = ldexpf(mag, i / 8 + WL::kMinShift);
-    reinterpret_cast<uint8_t*>(lut)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  }
+  for (int i = tid; i < kNumShifts * 8; i += nthreads)
+    reinterpret_cast<uint8_t*>(lut)[i] = e4m3_of_e2m1(i % 8, i / 8 + WL::kMinShift);
 }
 
 // 32-entry variant of the table (MainloopConfig::kSmemLut32): entry i holds the codes of shift i
@@ -34,10 +37,9 @@ static_assert(WL::kMaxShift < kLut32Entries / 2 && WL::kMinShift >= -kLut32Entri
 
 __device__ __forceinline__ void fill_shift_lut32(uint8_t* lut, int tid, int nthreads) {
   for (int i = tid; i < kLut32Entries * 8; i += nthreads) {
-    const int entry = i / 8, c = i % 8, e = c >> 1, m = c & 1;
+    const int entry = i / 8;
     const int shift = min(max(entry < kLut32Entries / 2 ? entry : entry - kLut32Entries, WL::kMinShift), WL::kMaxShift);
-    const float mag = e == 0 ? 0.5f * m : ldexpf(1.0f + 0.5f * m, e - 1);
-    lut[i] = __nv_cvt_float_to_fp8(ldexpf(mag, shift), __NV_SATFINITE, __NV_E4M3);
+    lut[i] = e4m3_of_e2m1(i % 8, shift);
   }
 }
 

@@ -38,10 +38,8 @@ __device__ __forceinline__ void store_bf16(const float (&acc)[kBlockN / 2], cons
 // thread per 128-token tile) while both math warpgroups, and so the tensor cores, wait for it.
 // Barriers: `bar_id` (this warpgroup's 128 threads) before the stmatrix (the previous tile's
 // copy-out reads are done) and before the copy-out (all stmatrix writes are visible).
-constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;  // +16: the 8 rows of a stmatrix hit 8 bank groups
-static_assert(kStoreRowBytes % 16 == 0 && (kStoreRowBytes / 16) % 2 == 1, "odd number of 16-byte units per row");
-
-template <int kBlockN>
+// kRowBytes: the staging tile's row pitch (MainloopConfig::kStoreRowBytes, the smem plan's owner).
+template <int kBlockN, int kRowBytes>
 __device__ __forceinline__ void store_bf16_staged(const float (&acc)[kBlockN / 2], const float* row_scale,
                                                   __nv_bfloat16* out, int64_t ld, int64_t row0, int rows, int n0,
                                                   int tid_in_wg, uint8_t* stage, uint32_t bar_id) {
@@ -54,12 +52,12 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc)[kBlockN / 2
   const uint32_t tile = ptx::smem_addr(stage);
   // Lane 8i + k addresses row k of matrix i: matrix i = (8-token block j + i / 2, channels
   // 16 warp + 8 (i % 2) .. +7), its row k = token 8 (j + i / 2) + k.
-  const uint32_t addr = tile + uint32_t(((lane / 16) * 8 + lane % 8) * kStoreRowBytes) +
+  const uint32_t addr = tile + uint32_t(((lane / 16) * 8 + lane % 8) * kRowBytes) +
                         uint32_t((16 * warp + 8 * ((lane / 8) % 2)) * 2);
   ptx::named_barrier(bar_id, 128);
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; j += 2) {
-    ptx::stmatrix_x4_trans(addr + uint32_t(j * 8 * kStoreRowBytes),
+    ptx::stmatrix_x4_trans(addr + uint32_t(j * 8 * kRowBytes),
                            ptx::pack_bf16x2(acc[4 * j + 0] * rs0, acc[4 * j + 1] * rs0),
                            ptx::pack_bf16x2(acc[4 * j + 2] * rs1, acc[4 * j + 3] * rs1),
                            ptx::pack_bf16x2(acc[4 * j + 4] * rs0, acc[4 * j + 5] * rs0),
@@ -70,7 +68,7 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc)[kBlockN / 2
   for (int i = tid_in_wg; i < kBlockN * kChunksPerRow; i += 128) {
     const int tok = i / kChunksPerRow, c = i % kChunksPerRow;
     if (tok < rows) {
-      const uint4 v = ptx::lds_128(tile + uint32_t(tok * kStoreRowBytes + c * 16));
+      const uint4 v = ptx::lds_128(tile + uint32_t(tok * kRowBytes + c * 16));
       *reinterpret_cast<uint4*>(out + (row0 + tok) * ld + n0 + c * 8) = v;
     }
   }

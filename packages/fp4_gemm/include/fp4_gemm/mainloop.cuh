@@ -120,11 +120,14 @@ struct MainloopConfig {
   static constexpr int kEpilogueBytes = 2 * kBlockN * 8 * 4;
   // BF16 epilogue staging tile per math warpgroup (epilogue.cuh store_bf16_staged), register path only.
   static constexpr bool kStagedStore = kPath == WeightPath::kRegs;
-  static constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;  // = epilogue.cuh kStoreRowBytes
+  // One staging row = a token's 64 BF16 channels + 16 bytes, an odd number of 16-byte units, so the
+  // 8 rows one stmatrix writes fall in 8 different bank groups.
+  static constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;
   static constexpr int kStoreOff = kEpilogueOff + kEpilogueBytes;
   static constexpr int kStoreBytes = kStagedStore ? kMathThreads / 128 * kBlockN * kStoreRowBytes : 0;
-  static constexpr int kLutOff = kStoreOff + kStoreBytes;
-  static constexpr int kLut32Off = (kLutOff + kNumShifts * 8 + 7) / 8 * 8;
+  static constexpr int kLutOff = kStoreOff + kStoreBytes;  // decode_raw's slow-path table (!kSmemLut32 only)
+  static constexpr int kLutBytes = kSmemLut32 ? 0 : kNumShifts * 8;
+  static constexpr int kLut32Off = (kLutOff + kLutBytes + 7) / 8 * 8;
   static constexpr int kLut32Bytes = kSmemLut32 ? kLut32Entries * 8 : 0;
   static constexpr int kBarOff = (kLut32Off + kLut32Bytes + 7) / 8 * 8;
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
@@ -139,7 +142,8 @@ struct MainloopConfig {
   // 227 KB per SM for all resident CTAs, 1 KB of which the system reserves per CTA.
   static_assert(kSmemBytes <= 232448 / kCtasPerSm - (kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(kBlockK == 128, "one activation scale per stage");
-  static_assert(kStoreOff % 16 == 0 && kStoreRowBytes % 16 == 0, "16-byte stmatrix rows and copy-out loads");
+  static_assert(kStoreOff % 16 == 0 && kStoreRowBytes % 16 == 0 && (kStoreRowBytes / 16) % 2 == 1,
+                "16-byte stmatrix rows and copy-out loads; an odd number of 16-byte units per row");
   static_assert((kScaleQuadFloats * 4) % (kBlockN >= 16 ? 16 : 8) == 0 && kScaleBytes % 16 == 0,
                 "scale runs stay aligned for their vector loads");
 };
@@ -186,8 +190,10 @@ __device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, 
     }
     ptx::fence_mbar_init();
   }
-  fill_shift_lut(sm.lut(), tid, nthreads);
-  if constexpr (Cfg::kSmemLut32) fill_shift_lut32(sm.lut32(), tid, nthreads);
+  if constexpr (Cfg::kSmemLut32)
+    fill_shift_lut32(sm.lut32(), tid, nthreads);
+  else
+    fill_shift_lut(sm.lut(), tid, nthreads);
 }
 
 struct WeightOperand {

@@ -1,8 +1,9 @@
-// symm_comm/barrier.cuh — grid barrier (atomic counter with a time limit) and the cross-rank
-// barrier (monotonic epochs stored with st.release.sys, polled with ld.acquire.sys, time limit).
-// No counter is ever reset between calls: an epoch only grows, so a late reader can never see a
-// value from a reset race. On a timeout the functions report to the error word and return false;
-// the caller returns from the kernel.
+// symm_comm/barrier.cuh — grid barriers among a kernel's groups (atomic words with the bit-31 flip,
+// time limit) and the cross-rank barriers: combine's start signal (monotonic epochs stored with
+// st.release.sys) and dispatch's counted barrier (per-CTA red.release.sys, 2^32 per call), both
+// polled with ld.acquire.sys under a time limit. No word is ever reset between calls: they only grow
+// (or flip bit 31 once per barrier), so a late reader can never see a value from a reset race. On a
+// timeout the functions report to the error word and return false; the caller returns from the kernel.
 #pragma once
 #include <stdint.h>
 #include "symm_comm/errors.cuh"
@@ -15,32 +16,12 @@ namespace symm {
 
 __device__ __forceinline__ bool timed_out(uint64_t deadline) { return ptx::globaltimer() > deadline; }
 
-// Grid barrier among `ngroups` groups (CTAs, or warp groups of a persistent kernel), all resident.
-// Called by ONE thread per group (its leader) after the group synchronised and fenced; returns false
-// on timeout (error reported). Bit-31 flip scheme: group 0 adds 0x80000000 - (ngroups - 1), the
-// others add 1, so every completed barrier adds exactly 2^31 and the word needs no reset.
-__device__ __forceinline__ bool grid_barrier_leader(uint32_t* bar, bool first_group, uint32_t ngroups,
-                                                    uint64_t deadline, const ErrSink& err, int phase) {
-  const uint32_t inc = first_group ? (0x80000000u - (ngroups - 1u)) : 1u;
-  ptx::fence_acq_rel_sys();  // everything this group wrote (incl. peer memory) is ordered before
-  const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(bar, inc);
-  uint32_t cur;
-  int spins = 0;
-  while ((((cur = ptx::ld_acquire_gpu_u32(bar)) ^ old) & 0x80000000u) == 0) {
-    if ((++spins & 63) == 0 && timed_out(deadline)) {
-      report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
-      return false;
-    }
-  }
-  return true;
-}
-
 // Grid barrier among the first n groups, run by ONE warp per group, for data local to this GPU
 // (dispatch's one-pass metadata scan). gpu scope on purpose: a fence.sys would also wait for the
 // warp's outstanding peer stores, which the cross-rank barrier orders later anyway.
 // Contract: every lane fences (fence.acq_rel.gpu) its own writes, __syncwarp, lane 0 arrives with
-// atom.add.acq_rel.gpu (same increments as grid_barrier_leader: each completed barrier adds exactly
-// 2^31, so the word needs no reset and any n works), then EVERY lane polls with its own
+// atom.add.acq_rel.gpu with the bit-31 flip increments (group 0 adds 0x80000000 - (n - 1), the
+// others 1: each completed barrier adds exactly 2^31, so the word needs no reset and any n works), then EVERY lane polls with its own
 // ld.acquire.gpu until bit 31 flipped: each lane's later loads are ordered after all n groups'
 // pre-barrier writes without relying on __syncwarp for cumulativity. Time limit: lane 0 reports
 // (what = -1, detail = the word) and every lane returns false.
@@ -70,20 +51,18 @@ __device__ __forceinline__ void rank_signal(const uint64_t* peers, const SymmLay
   if (r < L.num_ranks) ptx::st_release_sys_u64(signals(peers[r], L, op) + L.rank, epoch);
 }
 
-// Thread `r` (r < num_ranks) of EVERY group waits until rank r published >= epoch to us.
-// Returns false on timeout (error reported, what = r).
-__device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout& L, int op, uint64_t epoch, int r,
-                                          uint64_t deadline, const ErrSink& err, int phase) {
+// Thread `r` (r < num_ranks) of EVERY group waits until rank r's word for us is >= want.
+// Returns false on timeout (error reported, what = r, detail = the word >> detail_shift).
+__device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout& L, int op, uint64_t want, int r,
+                                          uint64_t deadline, const ErrSink& err, int phase, int detail_shift = 0) {
   if (r >= L.num_ranks) return true;
   const uint64_t* sig = signals(local_base, L, op) + r;
   uint64_t v;
   int spins = 0;
-  while ((v = ptx::ld_acquire_sys_u64(sig)) < epoch) {
-    if ((++spins & 15) == 0) {
-      if (timed_out(deadline)) {
-        report_error(err, SYMM_ERR_TIMEOUT, phase, r, (int32_t)v);
-        return false;
-      }
+  while ((v = ptx::ld_acquire_sys_u64(sig)) < want) {
+    if ((++spins & 15) == 0 && timed_out(deadline)) {
+      report_error(err, SYMM_ERR_TIMEOUT, phase, r, (int32_t)(v >> detail_shift));
+      return false;
     }
   }
   return true;
@@ -116,20 +95,7 @@ __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, 
   // wait = false (push dispatch's completion barrier, CTAs other than 0): arrive only. The call
   // returns true and the CTA does not observe the peers' arrivals (the caller must not need them).
   if (!wait) return true;
-  bool ok = true;
-  if (r < L.num_ranks) {
-    const uint64_t* sig = signals(local_base, L, op) + r;
-    const uint64_t want = epoch << 32;
-    uint64_t v;
-    int spins = 0;
-    while ((v = ptx::ld_acquire_sys_u64(sig)) < want) {
-      if ((++spins & 15) == 0 && timed_out(deadline)) {
-        report_error(err, SYMM_ERR_TIMEOUT, phase, r, (int32_t)(v >> 32));
-        ok = false;
-        break;
-      }
-    }
-  }
+  const bool ok = rank_wait(local_base, L, op, epoch << 32, r, deadline, err, phase, /*detail = epochs*/ 32);
   return __syncthreads_and(ok) != 0;
 }
 
@@ -171,7 +137,7 @@ __device__ __forceinline__ CallStart begin_call(const SymmLayout& L, const uint6
 
 // ---- end of a standalone kernel: the last CTA out publishes the op's completed epoch -----------------
 // Called by thread 0 of every CTA after bar.sync, on EVERY exit path (errors included), so the word's
-// low 31 bits are back to 0 after each call (same increments as grid_barrier_leader, nobody waits).
+// low 31 bits are back to 0 after each call (the bit-31 flip increments, nobody waits).
 // Only the last arrival sees the low 31 bits at 0; it stores the epoch, which the next launch on this
 // stream reads at its start (kernel boundary orders it). No CTA of this launch reads the epoch again.
 // Returns true in the last CTA out.
@@ -186,25 +152,6 @@ __device__ __forceinline__ bool cta_end_publish_epoch(uint32_t* word, uint64_t* 
 // Diagnostics: %globaltimer into state stamp i (one thread; plain local store, read by the host).
 __device__ __forceinline__ void stamp(uint64_t local, const SymmLayout& L, int i) {
   state_stamps(local, L)[i] = ptx::globaltimer();
-}
-
-// Convenience for standalone kernels: full-CTA grid barrier + cross-rank barrier.
-// All threads of the CTA call it; returns the same bool in every thread.
-__device__ __forceinline__ bool cta_grid_and_rank_barrier(uint32_t* grid_bar, const uint64_t* peers,
-                                                          uint64_t local_base, const SymmLayout& L, int op,
-                                                          uint64_t epoch, uint64_t deadline, const ErrSink& err,
-                                                          int grid_phase, int rank_phase, int* smem_flag) {
-  ptx::fence_acq_rel_sys();
-  __syncthreads();
-  if (threadIdx.x == 0) *smem_flag = grid_barrier_leader(grid_bar, blockIdx.x == 0, gridDim.x, deadline, err, grid_phase);
-  __syncthreads();
-  if (!*smem_flag) return false;
-  if (blockIdx.x == 0) rank_signal(peers, L, op, epoch, threadIdx.x);
-  bool ok = rank_wait(local_base, L, op, epoch, threadIdx.x, deadline, err, rank_phase);
-  __syncthreads();
-  if (!ok) *smem_flag = 0;
-  __syncthreads();
-  return *smem_flag != 0;
 }
 
 }  // namespace symm

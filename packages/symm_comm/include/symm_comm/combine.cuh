@@ -24,11 +24,9 @@
 #include "symm_comm/ptx.cuh"
 #include "symm_comm/workers.cuh"
 
-// Shared-memory ints of the combine schedule (host and device): hist [R * C], push sizes [C],
-// segment starts [4 * C + 1] (2 * (C + lag) segments, lag <= C), scratch [64].
+// Shared-memory ints of the combine schedule (host and device; the formula lives in layout.cuh).
 SYMM_LAYOUT_HD int64_t symm_combine_smem_ints(const SymmLayout* L) {
-  const int64_t C = L->num_chunks, R = L->num_ranks;
-  return R * C + C + (4 * C + 1) + 64;
+  return symm_combine_table_ints(L->num_ranks, L->num_chunks);
 }
 
 #if defined(__CUDACC__)
@@ -38,8 +36,10 @@ struct CombineSchedule {
   int32_t* hist;     // [R * C]: rows of bucket (destination s, chunk c)
   int32_t* psz;      // [C]: rows of chunk c over all destinations
   int32_t* seg;      // [nseg + 1]: first list index of segment j (2x: P_x, 2x + 1: R_{x - lag})
-  int32_t* scratch;  // [64]
-  int32_t nseg, lag, ncol, num_tokens;
+  int32_t* scratch;  // [64]: [0..32] group_exclusive_scan's, [kTotalPush], [kChunksUsed]
+  int32_t nseg, lag, ncol;
+  static constexpr int kTotalPush = 40;   // scratch word: rows to push over all chunks
+  static constexpr int kChunksUsed = 41;  // scratch word: highest destination chunk with a row, + 1
 
   __device__ __forceinline__ static CombineSchedule carve(int32_t* smem, const SymmLayout& L) {
     CombineSchedule s;
@@ -47,7 +47,7 @@ struct CombineSchedule {
     s.psz = s.hist + L.num_ranks * L.num_chunks;
     s.seg = s.psz + L.num_chunks;
     s.scratch = s.seg + 4 * L.num_chunks + 1;
-    s.nseg = s.lag = s.ncol = s.num_tokens = 0;
+    s.nseg = s.lag = s.ncol = 0;
     return s;
   }
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
@@ -62,26 +62,26 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   const int32_t* hg = cmb_hist(local, L);
   const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
   for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(ptx::ld_relaxed_sys_s32(hg + i), 0), cap);
-  if (W.tid() == 0) s.scratch[40] = s.scratch[41] = 0;
+  if (W.tid() == 0) s.scratch[CombineSchedule::kTotalPush] = s.scratch[CombineSchedule::kChunksUsed] = 0;
   W.sync();
   for (int c = W.tid(); c < C; c += W.nthreads()) {
     int32_t p = 0;
     for (int r = 0; r < R; ++r) p += s.hist[r * C + c];
     s.psz[c] = p;
     if (p) {
-      atomicAdd(s.scratch + 40, p);
-      atomicMax(s.scratch + 41, c + 1);
+      atomicAdd(s.scratch + CombineSchedule::kTotalPush, p);
+      atomicMax(s.scratch + CombineSchedule::kChunksUsed, c + 1);
     }
   }
   W.sync();
-  const int64_t total_push = s.scratch[40];
+  const int64_t total_push = s.scratch[CombineSchedule::kTotalPush];
   const int ncol = (L.hidden * 2 / 16 + 31) / 32;
   const int cred = (num_tokens + chunk - 1) / chunk;
   // Chunks actually used (this rank's tokens, and the highest destination chunk with a row to push):
   // the list, its scan and every item's segment search are sized by them, not by max_tokens (a
   // 128-token call in a 4096-token buffer: 2 x (8 + lag) segments instead of 2 x (256 + lag)).
   // Only empty segments are dropped: the order of the items is unchanged.
-  const int cu = max(cred, s.scratch[41]);
+  const int cu = max(cred, s.scratch[CombineSchedule::kChunksUsed]);
   const int64_t per_chunk = cred ? (total_push + (int64_t)num_tokens * ncol + cred - 1) / cred : 1;
   // lag: reductions of chunk c are listed ~lag_mult x (warps in the grid) items after chunk c's pushes,
   // so a warp reaching one mostly finds its rows there: under load a push takes ~ (bytes in flight) /
@@ -90,7 +90,6 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   if (lag > cu) lag = cu;  // a lag >= cu lists every reduction after every push either way
   s.lag = (int32_t)lag;
   s.ncol = ncol;
-  s.num_tokens = num_tokens;
   s.nseg = 2 * (cu + s.lag);
   const int32_t* psz = s.psz;
   const int lg = s.lag;

@@ -1,8 +1,10 @@
 // symm_comm/dispatch.cuh — expert-granular EP dispatch, as device functions a fused kernel can run
 // inside its own warps (all state from the caller). The standalone kernel (csrc/dispatch.cu) is:
-//   stage_inputs (+ push_metadata_* of metadata.cuh, concurrently in one warp per CTA for large T)
-//   -> one-hop cross-rank barrier -> build_pool_tables -> publish_layout (group 0) -> pad_blocks
-//   -> pull_rows.
+//   stage_inputs + clear_combine_buckets (+ push_metadata_* of metadata.cuh, concurrently in one warp
+//   per CTA for large T; CTA 0 also zeroes the idle parity's pull counter) -> one-hop cross-rank
+//   barrier -> build_pool_tables -> publish_layout (group 0) -> pad_blocks -> pull_rows.
+// A fused kernel composing pull_rows must keep both side duties: the combine buckets it counts into
+// are cleared in phase A, and its pull counter must be zero when the call starts (pull_rows below).
 // Phase A (push): each source rank scans its topk_idx and writes, into the OWNER of each expert
 //   (rank e / L), the count and the (token * K + k) of every slot of (local expert, source); slots in
 //   row-major (token, k) order (metadata.cuh). The source also stages x / scales / weights in its own

@@ -16,17 +16,18 @@
 
 // Phases (word 2).
 #define SYMM_PHASE_DISPATCH_SCAN 1     // phase A: scan topk_idx, push metadata
-#define SYMM_PHASE_DISPATCH_GRID 2     // grid barrier after phase A
+#define SYMM_PHASE_DISPATCH_GRID 2     // phase A: the one-pass metadata scan's grid barrier (this rank's CTAs)
 #define SYMM_PHASE_DISPATCH_RANKS 3    // cross-rank barrier after phase A
 #define SYMM_PHASE_DISPATCH_LAYOUT 4   // phase B: pool layout
 #define SYMM_PHASE_COMBINE_PUSH 5      // combine: peer stores
-#define SYMM_PHASE_COMBINE_GRID 6      // grid barrier after the peer stores
+// 6: retired (combine has no grid barrier any more); kept free so the other numbers stay stable.
 #define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
 #define SYMM_PHASE_DISPATCH_PUSH_DONE 9  // push dispatch end: a peer has not finished storing into this rank
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
-//   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits);
+//   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits;
+//            dispatch cross-rank barrier: the word >> 32, i.e. the calls of that rank counted);
 //            phase COMBINE_ARRIVE: what = token, detail = rows arrived (of popcount(kmask[token])).
 //   BAD_EXPERT: what = token * K + k, detail = the id. POOL_OVERFLOW: what = rows needed, detail = P.
 #define SYMM_ERR_WORDS 8

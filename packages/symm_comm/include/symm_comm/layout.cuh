@@ -149,6 +149,11 @@ typedef struct SymmLayout {
 
 SYMM_LAYOUT_HD int64_t symm_align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+// Shared-memory ints of the combine kernel's schedule (combine.cuh CombineSchedule::carve) for R ranks
+// and C token chunks: hist [R * C], push sizes [C], segment starts [4 * C + 1] (2 * (C + lag)
+// segments, lag <= C), scratch [64].
+SYMM_LAYOUT_HD int64_t symm_combine_table_ints(int64_t R, int64_t C) { return R * C + C + (4 * C + 1) + 64; }
+
 // Fills *L. Returns 0, or -1 for an invalid configuration (L is then zeroed).
 // pool_rows <= 0: worst case of the contiguous layout, R*T*K + L*(block_m - 1), rounded up.
 // max_m <= 0: min(R * T, P / L) (masked layout: decode, random routing); it never raises P.
@@ -190,9 +195,9 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->combine_half = symm_align_up(K * T * H * 2, 16);
   L->cmb_arr_half = symm_align_up(T * 4, 16);
   L->meta_all_half = symm_align_up((E + 1) * R * 4, 16);  // + row E: num_tokens per source
-  // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables ((R + 5) * C ints) fit 32 KiB.
+  // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables fit 32 KiB.
   int64_t chunk = 16;
-  while ((R + 5) * ((T + chunk - 1) / chunk) > 8192) chunk *= 2;
+  while (symm_combine_table_ints(R, (T + chunk - 1) / chunk) > 8192) chunk *= 2;
   L->combine_chunk = (int32_t)chunk;
   L->num_chunks = (int32_t)((T + chunk - 1) / chunk);
 

@@ -234,12 +234,7 @@ __device__ __forceinline__ int32_t meta_column_scan(int32_t* col, int64_t stride
   int32_t carry = 0;
 #pragma unroll
   for (int u = 0; u < kRegs; ++u) {
-    int32_t incl = v[u];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
+    const int32_t incl = warp_inclusive_scan(v[u], lane);
     const int g = u * 32 + lane;
     if (g < G) col[g * stride] = carry + incl - v[u];
     carry += __shfl_sync(0xffffffffu, incl, 31);

@@ -51,12 +51,7 @@ __device__ __forceinline__ void warp_exclusive_scan(int n, F value, int32_t* out
   for (int base = 0; base < n; base += 32) {
     const int i = base + lane;
     const int32_t v = i < n ? value(i) : 0;
-    int32_t incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
+    const int32_t incl = warp_inclusive_scan(v, lane);
     if (i < n) out[i] = carry + incl - v;
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
@@ -74,22 +69,12 @@ __device__ __forceinline__ void group_exclusive_scan(const Workers& W, int n, F 
   const int beg = min(n, tid * per), end = min(n, beg + per);
   int32_t sum = 0;
   for (int i = beg; i < end; ++i) sum += value(i);
-  int32_t incl = sum;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (W.lane >= o) incl += y;
-  }
+  const int32_t incl = warp_inclusive_scan(sum, W.lane);
   if (W.lane == 31) scratch[W.warp] = incl;
   W.sync();
   if (W.warp == 0) {
     const int32_t v = W.lane < W.nwarps ? scratch[W.lane] : 0;
-    int32_t inc2 = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t y = __shfl_up_sync(0xffffffffu, inc2, o);
-      if (W.lane >= o) inc2 += y;
-    }
+    const int32_t inc2 = warp_inclusive_scan(v, W.lane);
     if (W.lane < W.nwarps) scratch[W.lane] = inc2 - v;
     if (W.lane == 31) scratch[32] = inc2;
   }
@@ -115,10 +100,10 @@ __device__ __forceinline__ int find_segment(const int32_t* arr, int n, int32_t j
 }
 
 // Builds the tables. counts: [L][R] rows (global memory; read coherently, a peer may have written
-// it). le_start_in: optional [L + 1] segment starts (combine re-uses dispatch's); otherwise they are
-// computed (masked: le * max_m; contiguous: block_m-aligned prefix). All threads of the group call it.
+// it). Segment starts: masked le * max_m; contiguous the block_m-aligned prefix. All threads of the
+// group call it.
 __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLayout& L, const PoolTables& t,
-                                                  const int32_t* counts, const int32_t* le_start_in, bool masked) {
+                                                  const int32_t* counts, bool masked) {
   const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens;
   for (int i = W.tid(); i < Lx * R; i += W.nthreads()) {
     int32_t c = ptx::ld_relaxed_sys_s32(counts + i);
@@ -133,9 +118,7 @@ __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLa
   W.sync();
   for (int job = W.warp; job < R + 1; job += W.nwarps) {
     if (job == 0) {
-      if (le_start_in) {
-        for (int i = W.lane; i <= Lx; i += 32) t.le_start[i] = ptx::ld_relaxed_sys_s32(le_start_in + i);
-      } else if (masked) {
+      if (masked) {
         for (int i = W.lane; i <= Lx; i += 32) t.le_start[i] = i * L.max_m;
       } else {
         const int32_t* cnts = t.le_count;
@@ -171,32 +154,33 @@ __device__ __forceinline__ int32_t pool_row_of(const SymmLayout& L, const PoolTa
   return t.pos[le * L.num_ranks + s] + slot;
 }
 
-// Calls fn(s, row, le, slot) for every pool row of the last dispatch, one warp per row, work item
-// q -> source s = (q + rank) % R, j = q / R: the warps in flight at any time spread over all
-// sources, so every NVLink link stays busy (dispatch pulls and combine pushes walk the same order).
-template <class Fn>
-__device__ __forceinline__ void for_each_pool_row_interleaved(const Workers& W, const SymmLayout& L, const PoolTables& t,
-                                                              Fn&& fn) {
-  const int R = L.num_ranks;
-  int32_t max_total = 0;
-  for (int s = 0; s < R; ++s) max_total = max(max_total, t.src_total(L, s));
-  const int64_t nq = (int64_t)R * max_total;
-  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) {
-    const int s = (int)((q + L.rank) % R);
-    const int32_t j = (int32_t)(q / R);
-    if (j >= t.src_total(L, s)) continue;
-    int le;
-    int32_t slot;
-    const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
-    fn(s, row, le, slot);
-  }
-}
-
 // Work items of the interleaved order: R * (largest per-source row count).
 __device__ __forceinline__ int32_t pool_work_items(const SymmLayout& L, const PoolTables& t) {
   int32_t max_total = 0;
   for (int s = 0; s < L.num_ranks; ++s) max_total = max(max_total, t.src_total(L, s));
   return L.num_ranks * max_total;
+}
+
+// Work item q -> source s = (q + rank) % R, j = q / R -> fn(s, row, le, slot) if source s has a j-th row.
+template <class Fn>
+__device__ __forceinline__ void pool_item(const SymmLayout& L, const PoolTables& t, int32_t q, Fn&& fn) {
+  const int s = (q + L.rank) % L.num_ranks;
+  const int32_t j = q / L.num_ranks;
+  if (j >= t.src_total(L, s)) return;
+  int le;
+  int32_t slot;
+  const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
+  fn(s, row, le, slot);
+}
+
+// Calls fn(s, row, le, slot) for every pool row of the last dispatch, one warp per row, in work-item
+// order (pool_item): the warps in flight at any time spread over all sources, so every NVLink link
+// stays busy.
+template <class Fn>
+__device__ __forceinline__ void for_each_pool_row_interleaved(const Workers& W, const SymmLayout& L, const PoolTables& t,
+                                                              Fn&& fn) {
+  const int32_t nq = pool_work_items(L, t);  // R * T * K < 2^31 (symm_layout_compute)
+  for (int64_t q = W.gwarp(); q < nq; q += W.total_warps()) pool_item(L, t, (int32_t)q, fn);
 }
 
 // Same rows, same work-item order (q -> s = (q + rank) % R, j = q / R), but warps take CHUNK
@@ -216,7 +200,6 @@ __device__ __forceinline__ int32_t pool_work_items(const SymmLayout& L, const Po
 template <int CHUNK, class Fn>
 __device__ __forceinline__ void for_each_pool_row_dynamic(const Workers& W, const SymmLayout& L, const PoolTables& t,
                                                           uint32_t* ctr, Fn&& fn) {
-  const int R = L.num_ranks;
   const int32_t nq = pool_work_items(L, t);  // R * T * K < 2^31 (symm_layout_compute)
   for (;;) {
     int32_t cur = 0;
@@ -225,15 +208,8 @@ __device__ __forceinline__ void for_each_pool_row_dynamic(const Workers& W, cons
     if (cur >= nq) break;
 #pragma unroll
     for (int u = 0; u < CHUNK; ++u) {
-      const int32_t q = cur + u;
-      if (q >= nq) break;
-      const int s = (q + L.rank) % R;
-      const int32_t j = q / R;
-      if (j >= t.src_total(L, s)) continue;
-      int le;
-      int32_t slot;
-      const int32_t row = pool_row_of(L, t, s, j, &le, &slot);
-      fn(s, row, le, slot);
+      if (cur + u >= nq) break;
+      pool_item(L, t, cur + u, fn);
     }
   }
 }

@@ -38,5 +38,15 @@ struct Workers {
   }
 };
 
+// Inclusive prefix sum of v over the lanes of a warp (all 32 lanes call it).
+__device__ __forceinline__ int32_t warp_inclusive_scan(int32_t v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int32_t y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
 }  // namespace symm
 #endif

@@ -194,9 +194,10 @@ class Buffer:
         self._ready()
         masked = layout == "masked"
         stream = _arrays.stream_of(xa)
-        LIB.call("symm_dispatch", ctypes.byref(self.layout), self.peers.data_ptr(), xa.ptr or None,
-                 sa.ptr or None, ia.ptr or None, idx_bytes, wa.ptr if wa is not None and wa.ptr else None, T,
-                 int(masked), self.num_sms, self.timeout_ns, self._hw, stream)
+        with _arrays.device_of(xa):  # the C launcher launches on the current device (the buffer's: checked)
+            LIB.call("symm_dispatch", ctypes.byref(self.layout), self.peers.data_ptr(), xa.ptr or None,
+                     sa.ptr or None, ia.ptr or None, idx_bytes, wa.ptr if wa is not None and wa.ptr else None, T,
+                     int(masked), self.num_sms, self.timeout_ns, self._hw, stream)
         self._dispatch_seq += 1
         self._epoch += 1
         h = Handle(self._dispatch_seq, T, masked, self.exp_offsets, self.exp_counts, self.row_src,
@@ -233,9 +234,10 @@ class Buffer:
         else:
             y, ya = out, oa
         stream = _arrays.stream_of(ea)
-        LIB.call("symm_combine", ctypes.byref(self.layout), self.peers.data_ptr(), ea.ptr or None, rows,
-                 wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
-                 self.num_sms, self.timeout_ns, self._hw, stream)
+        with _arrays.device_of(ea):
+            LIB.call("symm_combine", ctypes.byref(self.layout), self.peers.data_ptr(), ea.ptr or None, rows,
+                     wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
+                     self.num_sms, self.timeout_ns, self._hw, stream)
         if check if check is not None else self.check:
             self._sync_check(ea)
         if out is None and ea.framework != "torch":

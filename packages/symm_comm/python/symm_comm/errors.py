@@ -20,7 +20,7 @@ CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
          4: "more slots than max_tokens_per_rank for one (expert, source) (duplicate expert ids in a token?)",
          5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows"}
 PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
-          4: "dispatch phase B (pool layout)", 5: "combine peer stores", 6: "combine grid barrier",
+          4: "dispatch phase B (pool layout)", 5: "combine peer stores",
           7: "combine start (peers finishing their previous combine)",
           8: "combine reduce (row arrivals)",
           9: "dispatch completion (peers storing their rows into this rank, push mode)"}
