@@ -1,0 +1,62 @@
+"""A small symm_comm workload for compute-sanitizer and ncu: on every GPU of the machine (one rank
+each), a few dispatch (contiguous and masked) + combine calls at small shapes, fresh routing each call,
+then a check of the combine against the local sum of what was dispatched (catches a run that silently
+did nothing) and the buffer's error word. Run it under the tool, e.g.
+  compute-sanitizer --tool memcheck python3 bench/profile_comm.py [tokens ...]
+The dispatch mode follows SYMM_DISPATCH_PUSH / SYMM_PUSH_MIN_TOKENS as usual."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+for _k, _v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
+    os.environ.setdefault(_k, _v)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comm import _free_port, _routing  # noqa: E402
+
+
+def _worker(rank, world, port, tokens):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+    import symm_comm
+    E, H, K = 8 * world, 512, 4
+    buf = symm_comm.Buffer(None, E, H, K, max(tokens), timeout_s=300.0, max_m=max(tokens) * world)
+    dev = torch.device("cuda", rank)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(11 + rank)
+    for T in tokens:
+        for layout in ("contiguous", "masked"):
+            x, s, idx, w = _routing(rank, T, H, E, K, gen, dev)
+            idx[::3, 1] = -1  # some slots send nothing
+            pool, ps, pw, counts, h = buf.dispatch(x, s, idx, w, layout=layout)
+            # expert output = the received row (FP8 -> BF16, exact), so y[t] = sum over sent k of x[t]
+            eo = pool.float().to(torch.bfloat16)
+            y = buf.combine(eo, h)
+            buf.check_errors()
+            sent = (idx >= 0).sum(1, keepdim=True).float()
+            ref = (x.float() * sent).to(torch.bfloat16)
+            bad = (y.float() - ref.float()).abs() > 1e-2 * ref.float().abs() + 1e-3
+            if bad.any():
+                raise RuntimeError(f"rank {rank} T={T} {layout}: {int(bad.sum())} wrong elements")
+            print(f"rank {rank} T={T} {layout}: ok", flush=True)
+    dist.barrier()
+    buf.destroy()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    tokens = [int(t) for t in (sys.argv[1:] or ["1", "37", "300"])]
+    world = torch.cuda.device_count()
+    import torch.multiprocessing as mp
+    mp.spawn(_worker, args=(world, _free_port(), tokens), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main()
