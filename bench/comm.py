@@ -10,7 +10,10 @@ Times: CUDA events, median after warm-up, routing rotated over --rotations fresh
                   timed per call; max over ranks.
 Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
 max over ranks; GB/s = those bytes / symm time; pct_peer = GB/s / measured peer read (dispatch)
-or write (combine) bandwidth."""
+or write (combine) bandwidth. Dispatch counts one row per (token, k) delivered (what the pool
+receives, the same bytes as the NCCL exchange); since layout v7 the pull reads a token's row ONCE
+per owner rank, so dispatch_link_MB (distinct (source, token) rows read from other ranks) is what
+actually crosses the links, and dispatch_link_pct_peer its rate against the peer read bandwidth."""
 from __future__ import annotations
 
 import argparse
@@ -169,12 +172,19 @@ def _run(rank, R, args):
     for T in args.tokens:
         rots = [_routing(rank, T, H, E, K, gen, dev) for _ in range(args.rotations)]
         # remote rows received per routing (dispatch) = rows sent back (combine)
-        remote_rows = []
+        remote_rows, link_rows = [], []
+        Lay = buf.layout
         for r in rots:
             *_, h = buf.dispatch(*r, check=True)
-            sc = buf.raw[buf.layout.off_src_counts: buf.layout.off_src_counts + 4 * buf.num_local_experts * R]
+            sc = buf.raw[Lay.off_src_counts: Lay.off_src_counts + 4 * buf.num_local_experts * R]
             sc = sc.view(torch.int32).view(buf.num_local_experts, R).sum(0)
             remote_rows.append(int(sc.sum()) - int(sc[rank]))
+            # distinct (source, token) among the used pool rows (row_src = (src * T + token) * K + k)
+            used = int(buf.raw[Lay.off_exp_offsets: Lay.off_exp_offsets + 4 * (buf.num_local_experts + 1)]
+                       .view(torch.int32)[-1])
+            rs = buf.raw[Lay.off_row_src: Lay.off_row_src + 4 * used].view(torch.int32)
+            st = rs[rs >= 0] // K
+            link_rows.append(int(torch.unique(st[st // Lay.max_tokens != rank]).numel()))
             buf.combine(eo, h, check=True)
         torch.cuda.synchronize()
         state = {}
@@ -235,6 +245,7 @@ def _run(rank, R, args):
             "nccl_dispatch_us": n_d * 1e6, "nccl_combine_us": n_c * 1e6,
             "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
             "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
+            "link_bytes": statistics.mean(link_rows) * (H + 4 * S + 4),
         })
     buf.destroy()
     return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
@@ -286,10 +297,13 @@ def main():
         db = max(p["dispatch_bytes"] for p in per)
         cb = max(p["combine_bytes"] for p in per)
         row["dispatch_MB"] = db / 1e6
+        lb = max(p["link_bytes"] for p in per)
+        row["dispatch_link_MB"] = lb / 1e6
         row["dispatch_GBps"] = db / (row["symm_dispatch_us"] * 1e-6) / 1e9
         row["combine_GBps"] = cb / (row["symm_combine_us"] * 1e-6) / 1e9
         if world > 1:
             row["dispatch_pct_peer"] = 100 * row["dispatch_GBps"] * 1e9 / read_bw
+            row["dispatch_link_pct_peer"] = 100 * lb / (row["symm_dispatch_us"] * 1e-6) / read_bw
             row["combine_pct_peer"] = 100 * row["combine_GBps"] * 1e9 / write_bw
         row["speedup_dispatch_vs_nccl"] = row["nccl_dispatch_us"] / row["symm_dispatch_us"]
         row["speedup_combine_vs_nccl"] = row["nccl_combine_us"] / row["symm_combine_us"]
@@ -299,7 +313,8 @@ def main():
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
             "symm_dispatch_host_us", "symm_combine_host_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
-            "dispatch_pct_peer", "combine_pct_peer", "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
+            "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
+            "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
     write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)
 
 

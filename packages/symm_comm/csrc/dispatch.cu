@@ -14,7 +14,7 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPullUnroll = 16;  // a whole row (H <= 8192) per lane batch: one round trip per row
+constexpr int kPullUnroll = 7;   // H 7168: 448 vectors = 2 batches of 7 per lane (a batch of 14 with the dedup fan-out spills)
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
 constexpr int kPushUnroll = 14;  // H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                       (kKind == SYMM_KIND_AUTO && decide_push(L, local, a.parity, push_min_tokens));
     if (st0) state_stamps(local, L)[11] = SYMM_MODE_STAMP_SET | (kKind << 4) | (push ? 1 : 0);
     // Phase B
-    build_pool_tables(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
+    build_pool_tables<kKind != SYMM_KIND_PUSH>(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
     if (kKind != SYMM_KIND_PULL && push) {
       // Contract of the peer stores below: every owner d arrived at the one-hop barrier (acquired
       // above) only from inside its dispatch kernel of this epoch, so every earlier kernel on d's
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (st0) stamp(local, L, 3);
         // AUTO kind: 14 vectors per lane (= one batch per row up to H 7168, as 16; H 8192 takes two):
         // with 16 the kernel that holds both phase Bs spills 24 bytes (nvcc 13); PULL kind unchanged.
-        pull_rows<kKind == SYMM_KIND_AUTO ? kPushUnroll : kPullUnroll>(W, L, s_peers, local, t, a.parity,
+        pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
                                pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
       }
     }

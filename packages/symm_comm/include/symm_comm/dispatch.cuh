@@ -184,6 +184,11 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // Phase B: pull every row this rank owns, sources interleaved (for_each_pool_row_interleaved). The scale and weight loads
 // are issued before the row's, and with 32 * 16 * UNROLL >= H bytes the whole row is one batch: one
 // NVLink round trip per row instead of one per batch plus one each for scales and weight.
+// Dedup (layout v7, metadata.cuh send_slot): only a token's LEADER row at this rank is pulled; its
+// warp reads the row (and scales) once and stores them into the pool rows of all the token's ks here
+// (lane j < K handles k = j: its pool row from meta_map, its weight, row_src, combine bucket entry and
+// arrival bump). Non-leader items return after one local load. kNoDedup (a slot overflow this call):
+// every row copies itself, as before v7.
 constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row copy (S <= 64: H <= 8192)
 
 // pull_ctr: null = static distribution (for_each_pool_row_interleaved, SYMM_PULL_DYNAMIC=0); else the
@@ -195,50 +200,100 @@ template <int UNROLL>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr,
                                           int pull_chunk = 1) {
-  const int K = L.topk, T = L.max_tokens;
+  const int K = L.topk, T = L.max_tokens, Lx = L.num_local_experts, R = L.num_ranks;
   const int64_t H = L.hidden, S = L.scale_cols;
+  const int n16 = (int)(H / 16);
   uint8_t* px = at<uint8_t>(local, L.off_pool_x);
   float* ps = at<float>(local, L.off_pool_s);
   float* pw = at<float>(local, L.off_pool_w);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
+  const bool dedup = t.scratch[PoolTables::kNoDedup] == 0;
+  const uint32_t lanes_below = (1u << W.lane) - 1u;
   auto one_row = [&](int s, int32_t row, int le, int32_t slot) {
-    const int32_t flat = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
-    if (flat < 0 || flat >= T * K) return;  // defensive: never index outside the staging
+    const int32_t v = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
+    if (v < 0 && dedup) return;  // a non-leader: its token's leader stores this row
+    const int32_t flat = v < 0 ? ~v : v;
+    if (flat >= T * K) return;  // defensive: never index outside the staging
+    const bool lead = v >= 0 && dedup;
     const int32_t tok = flat / K, k = flat - tok * K;
-    // Combine push order: this row joins bucket (s, tok / chunk). Local relaxed atomics; the combine
-    // kernel (a later launch on this stream) reads the buckets. Issued first: off the row's path.
-    int32_t bslot = 0;
-    if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, 1);
     const uint64_t src = peers[s];
+    // Lane j < K: meta_map entry j of the token (leader; lane k's is the mask of the others) and the
+    // source's weight of k = j, issued with the scales' loads. The destinations are resolved before
+    // the row's loads are issued (one local round trip): with the row in flight meanwhile, the
+    // 128-register dispatch kernel spilled 96-232 bytes.
+    int32_t mv = -1;
+    float wv = 0.f;
+    if (W.lane < K) {
+      if (lead) mv = ptx::ld_relaxed_sys_s32(meta_map(local, L, parity, s) + tok * K + W.lane);
+      if (lead || W.lane == k) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + tok * K + W.lane);
+    }
     const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
-    int32_t* s_dst = reinterpret_cast<int32_t*>(ps + row * S);
     int32_t sv[kPullScaleRegs];
 #pragma unroll
     for (int u = 0; u < kPullScaleRegs; ++u) {
       const int i = u * 32 + W.lane;
       if (i < S) sv[u] = ptx::ld_relaxed_sys_s32(s_src + i);
     }
-    float wv = 0.f;
-    if (W.lane == 0) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
-    warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + row * H),
-                               reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), (int)(H / 16), W.lane);
+    // Destinations: lane k = this row; lane j in the leader's mask = pool row of (token, j) here.
+    const uint32_t km = lead ? (uint32_t)__shfl_sync(0xffffffffu, mv, k) : 0u;
+    int32_t drow = -1;
+    if (W.lane == k) {
+      drow = row;
+    } else if ((km >> W.lane) & 1u) {
+      const int32_t le2 = mv / T, sl2 = mv - le2 * T;
+      if (mv >= 0 && le2 < Lx && sl2 < t.cnt[le2 * R + s]) drow = t.pos[le2 * R + s] + sl2;
+    }
+    const uint32_t dmask = __ballot_sync(0xffffffffu, drow >= 0);
+    // Combine push order: the rows join bucket (s, tok / chunk), one local atomic for all of them (the
+    // combine kernel, a later launch on this stream, reads the buckets).
+    int32_t bslot = 0;
+    if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, __popc(dmask));
+    bslot = __shfl_sync(0xffffffffu, bslot, 0) + __popc(dmask & lanes_below);
+    const int4* xs = reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H);
+    int4 xv[UNROLL];
+    auto load_batch = [&](int base) {
 #pragma unroll
-    for (int u = 0; u < kPullScaleRegs; ++u) {
-      const int i = u * 32 + W.lane;
-      if (i < S) s_dst[i] = sv[u];
+      for (int u = 0; u < UNROLL; ++u) {
+        const int i = base + u * 32 + W.lane;
+        if (i < n16) xv[u] = ptx::ld_v4_coherent(xs + i);
+      }
+    };
+    load_batch(0);
+    auto store_batch = [&](int base) {
+      for (uint32_t m = dmask; m; m &= m - 1) {
+        int4* xd = reinterpret_cast<int4*>(px + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * H);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int i = base + u * 32 + W.lane;
+          if (i < n16) ptx::st_v4(xd + i, xv[u]);
+        }
+      }
+    };
+    store_batch(0);
+    for (int base = 32 * UNROLL; base < n16; base += 32 * UNROLL) {
+      load_batch(base);
+      store_batch(base);
     }
     constexpr int kHeld = 32 * kPullScaleRegs;  // scales beyond these (H > 8192) are copied afterwards
-    if (S > kHeld)
-      warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld), reinterpret_cast<const uint32_t*>(s_src + kHeld),
-                          (int)(S - kHeld), W.lane);
-    if (W.lane == 0) {
-      pw[row] = wv;
-      row_src[row] = (s * T + tok) * K + k;
-      if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = row;
+    for (uint32_t m = dmask; m; m &= m - 1) {
+      int32_t* s_dst = reinterpret_cast<int32_t*>(ps + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * S);
+#pragma unroll
+      for (int u = 0; u < kPullScaleRegs; ++u) {
+        const int i = u * 32 + W.lane;
+        if (i < S) s_dst[i] = sv[u];
+      }
+      if (S > kHeld)
+        warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld),
+                            reinterpret_cast<const uint32_t*>(s_src + kHeld), (int)(S - kHeld), W.lane);
+    }
+    if (drow >= 0) {
+      pw[drow] = wv;
+      row_src[drow] = (s * T + tok) * K + W.lane;
+      if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = drow;
     }
     __syncwarp();
-    if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
+    if (drow >= 0) ptx::red_add_release_gpu_u32(arr + drow / L.block_m, 1u);
   };
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
   // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.

@@ -19,6 +19,11 @@
 //                                               by EVERY source into EVERY rank in phase A (parity = epoch & 1);
 //                                               row [E][s] = num_tokens of source s in this call (the auto
 //                                               mode's decision input, dispatch.cuh decide_push)
+//   meta_map     i32 [2][R][T * K]              written by PEERS with meta_slots (pull dedup, v7): for source
+//                                               s's id i = token * K + k routed to this rank, the token's
+//                                               LEADER here (its lowest such k) holds the mask of the token's
+//                                               higher ks routed here, every other such id le * T + slot
+//                                               (metadata.cuh send_slot, dispatch.cuh pull_rows)
 //   stage_x      u8  [2][T][H]                  this rank's FP8 rows, READ by peers in phase B
 //   stage_s      f32 [2][T][S]                  per-128 scales, S = H / 128
 //   stage_w      f32 [2][T][K]                  top-k weights
@@ -53,8 +58,9 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 6  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
-                               // 6: meta_all row E = num_tokens per source, done row counted in every call
+#define SYMM_LAYOUT_VERSION 7  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
+                               // 6: meta_all row E = num_tokens per source, done row counted in every call;
+                               // 7: meta_map (the pull reads a token's row once per owner), meta_count unclamped
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
@@ -113,6 +119,7 @@ typedef struct SymmLayout {
   int64_t off_meta_all;
   int64_t off_push_slot;
   int64_t off_push_hist;
+  int64_t off_meta_map;
   int64_t meta_count_half;  // bytes of one parity half
   int64_t meta_slots_half;
   int64_t stage_x_half;
@@ -121,6 +128,7 @@ typedef struct SymmLayout {
   int64_t combine_half;
   int64_t cmb_arr_half;
   int64_t meta_all_half;
+  int64_t meta_map_half;
   int32_t num_ranks;
   int32_t rank;
   int32_t num_experts;
@@ -172,7 +180,10 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   if (mm < 1) mm = 1;
   if (Lx * mm > P) P = Lx * mm;
   P = symm_align_up(P, block_m);
-  if (P >= ((int64_t)1 << 31) || R * T * K >= ((int64_t)1 << 31) || mm >= ((int64_t)1 << 31)) return -1;
+  // (Lx * T: meta_map's le * T + slot entries are int32)
+  if (P >= ((int64_t)1 << 31) || R * T * K >= ((int64_t)1 << 31) || mm >= ((int64_t)1 << 31) ||
+      Lx * T >= ((int64_t)1 << 31))
+    return -1;
 
   L->num_ranks = num_ranks;
   L->rank = rank;
@@ -195,6 +206,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->combine_half = symm_align_up(K * T * H * 2, 16);
   L->cmb_arr_half = symm_align_up(T * 4, 16);
   L->meta_all_half = symm_align_up((E + 1) * R * 4, 16);  // + row E: num_tokens per source
+  L->meta_map_half = symm_align_up(R * T * K * 4, 16);
   // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables fit 32 KiB.
   int64_t chunk = 16;
   while (symm_combine_table_ints(R, (T + chunk - 1) / chunk) > 8192) chunk *= 2;
@@ -210,6 +222,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_meta_count, 2 * L->meta_count_half)
   SYMM_REGION(off_meta_slots, 2 * L->meta_slots_half)
   SYMM_REGION(off_meta_all, 2 * L->meta_all_half)
+  SYMM_REGION(off_meta_map, 2 * L->meta_map_half)
   SYMM_REGION(off_stage_x, 2 * L->stage_x_half)
   SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
   SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
@@ -284,6 +297,10 @@ __host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const S
                                                           int token) {
   return at<uint16_t>(base, L.off_combine + parity * L.combine_half) +
          ((int64_t)k * L.max_tokens + token) * L.hidden;
+}
+// meta_map[parity][src][token * K + k] (pull dedup)
+__host__ __device__ __forceinline__ int32_t* meta_map(uint64_t base, const SymmLayout& L, int parity, int src) {
+  return at<int32_t>(base, L.off_meta_map + parity * L.meta_map_half) + (int64_t)src * L.max_tokens * L.topk;
 }
 // meta_all[parity][e][s] (push / auto mode); [parity][E][s] = num_tokens of source s
 __host__ __device__ __forceinline__ int32_t* meta_all(uint64_t base, const SymmLayout& L, int parity) {

@@ -58,10 +58,54 @@ __device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
   return (int64_t)__ldg(reinterpret_cast<const IdxT*>(p) + i);
 }
 
-// Reports a slot overflow and returns the count to publish (min(total, max_tokens)).
+// Reports a slot overflow; returns the count to publish into the owner's meta_count: the RAW total
+// (v7: the owner clamps it to max_tokens and, seeing a total above, turns the pull dedup off for the
+// call, pool.cuh build_pool_tables; slots >= max_tokens are never stored).
 __device__ __forceinline__ int32_t clamp_count(const SymmLayout& L, int e, int32_t total, const ErrSink& err) {
   if (total > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, total);
-  return total < L.max_tokens ? total : L.max_tokens;
+  return total;
+}
+
+// ---- pull dedup (layout v7) ----------------------------------------------------------------------
+// A token whose ks route to several experts of ONE owner crosses NVLink once: its LEADER at that
+// owner (the lowest such k) is pulled, and the pull stores the row into every pool row of the token's
+// ks there (dispatch.cuh pull_rows). At 2 ranks, top-8 of 256 experts, that is ~4 rows per read.
+// For a valid id i = token * K + k routed to expert e (owner d, local le) with slot `slot`, the source
+// stores into d (plain peer stores, published by the one-hop barrier like the rest of phase A):
+//   meta_slots[le][src][slot] = leader ? i : ~i        (negative: pulled by its leader, skipped)
+//   meta_map[src][i]          = leader ? (mask of the token's HIGHER ks routed to d) : le * T + slot
+// Every entry the owner reads was written in this call: the leader reads meta_map only at the ks of
+// its mask, and the mask, like the entries, comes from this call's ids.
+
+// Bit k set: topk_idx[tok, k] is a valid id whose owner is d (ids cached: the caller just read them).
+template <typename IdxT>
+__device__ __forceinline__ uint32_t owner_kmask(const SymmLayout& L, const void* topk_idx, int64_t tok, int d) {
+  constexpr int kBatch = 8;
+  const int K = L.topk, E = L.num_experts, Lx = L.num_local_experts;
+  uint32_t m = 0;
+  for (int k0 = 0; k0 < K; k0 += kBatch) {
+    int64_t e[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) e[u] = k0 + u < K ? load_idx<IdxT>(topk_idx, tok * K + k0 + u) : -1;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (e[u] >= 0 && e[u] < E && e[u] / Lx == d) m |= 1u << (k0 + u);
+  }
+  return m;
+}
+
+// Stores id i's slot entry (expert e, slot < max_tokens) and its meta_map entry into e's owner.
+template <typename IdxT>
+__device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a, int e,
+                                          int64_t i, int32_t slot) {
+  const int K = L.topk, Lx = L.num_local_experts, d = e / Lx, le = e % Lx;
+  const int64_t tok = i / K;
+  const int k = (int)(i - tok * K);
+  const uint32_t km = owner_kmask<IdxT>(L, a.topk_idx, tok, d);
+  const bool leader = (km & ((1u << k) - 1u)) == 0;  // k <= 31
+  meta_slots(peers[d], L, a.parity, le, L.rank)[slot] = leader ? (int32_t)i : ~(int32_t)i;
+  meta_map(peers[d], L, a.parity, L.rank)[i] =
+      leader ? (int32_t)(km & ~(0xFFFFFFFFu >> (31 - k))) : le * L.max_tokens + slot;
 }
 
 // m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
@@ -79,11 +123,13 @@ __device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, in
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
 // walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
 // Slots at or past L.max_tokens are not written (the caller reports the overflow via clamp_count).
-// slots null: not sent (push mode); my_slots non-null (push mode): my_slots[id] = slot for every match.
+// send: slots (+ meta_map) go to the owner (send_slot; pull / auto); my_slots non-null (push / auto):
+// my_slots[id] = slot for every match.
 template <int U, typename IdxT>
-__device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const void* topk_idx, int64_t beg, int64_t end,
-                                               int e, int lane, int32_t run, int32_t* slots,
+__device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
+                                               int64_t beg, int64_t end, int e, int lane, int32_t run, bool send,
                                                int32_t* my_slots = nullptr) {
+  const void* topk_idx = a.topk_idx;
   const uint32_t lt = (1u << lane) - 1u;
   for (int64_t base = beg; base < end; base += 32 * U) {
     bool m[U];
@@ -92,7 +138,7 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const void* 
     for (int u = 0; u < U; ++u) {
       const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
       const int32_t slot = run + __popc(b & lt);
-      if (m[u] && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
+      if (m[u] && send && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, base + u * 32 + lane, slot);
       if (m[u] && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
     }
@@ -136,10 +182,9 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     }
     W.sync();
     // pass 2: slots (peer stores)
-    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t total = scratch[W.nwarps];
-    if (cnt > 0) write_slots<U, IdxT>(L, a.topk_idx, beg, end, e, W.lane, scratch[W.warp], slots, my_slots);
+    if (cnt > 0) write_slots<U, IdxT>(L, peers, a, beg, end, e, W.lane, scratch[W.warp], sends_slots(a), my_slots);
     if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
     push_count_all(L, peers, a, e, total < L.max_tokens ? total : L.max_tokens, W.tid(), W.nthreads());
     W.sync();  // scratch reuse
@@ -158,9 +203,8 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   const int Lx = L.num_local_experts;
   for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
-    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
-    const int32_t run = write_slots<U, IdxT>(L, a.topk_idx, 0, N, e, W.lane, 0, slots, my_slots);
+    const int32_t run = write_slots<U, IdxT>(L, peers, a, 0, N, e, W.lane, 0, sends_slots(a), my_slots);
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
     push_count_all(L, peers, a, e, run < L.max_tokens ? run : L.max_tokens, W.lane, 32);
   }
@@ -192,7 +236,7 @@ constexpr int kMetaWalkBatch = 8;  // ids loaded per lane per batch: 256 per war
 template <typename IdxT, bool kSlots>
 __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
                                           int64_t beg, int64_t end, int32_t* run, int lane) {
-  const int E = L.num_experts, Lx = L.num_local_experts;
+  const int E = L.num_experts;
   const uint32_t lt = (1u << lane) - 1u;
   for (int64_t base = beg; base < end; base += 32 * kMetaWalkBatch) {
     int32_t ev[kMetaWalkBatch];
@@ -213,8 +257,7 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       if (kSlots && e >= 0) {
         const int32_t slot = before + __popc(same & lt);
         if (keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;  // local inverse map
-        if (sends_slots(a) && slot < L.max_tokens)
-          meta_slots(peers[e / Lx], L, a.parity, e % Lx, L.rank)[slot] = (int32_t)(base + u * 32 + lane);
+        if (sends_slots(a) && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, base + u * 32 + lane, slot);
       }
     }
   }

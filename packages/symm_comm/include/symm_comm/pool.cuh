@@ -26,7 +26,11 @@ struct PoolTables {
   int32_t* src_prefix;  // [R * (L + 1)]
   int32_t* le_start;    // [L + 1]; le_start[L] = rows used (U)
   int32_t* le_count;    // [L]
-  int32_t* scratch;     // [64]
+  int32_t* scratch;     // [64]: [kNoDedup]
+  // scratch word: 1 = some (le, source) count above max_tokens in this call (a slot overflow, already
+  // reported by the source): its rows past max_tokens were never sent, so a leader may be missing;
+  // the pull then copies every row itself (dispatch.cuh pull_rows) and no row is left unwritten.
+  static constexpr int kNoDedup = 0;
 
   __device__ __forceinline__ static PoolTables carve(int32_t* smem, const SymmLayout& L) {
     const int Lx = L.num_local_experts, R = L.num_ranks;
@@ -100,11 +104,14 @@ __device__ __forceinline__ int find_segment(const int32_t* arr, int n, int32_t j
 }
 
 // Builds the tables. counts: [L][R] rows (global memory; read coherently, a peer may have written
-// it). Segment starts: masked le * max_m; contiguous the block_m-aligned prefix. All threads of the
-// group call it.
+// it; raw totals, clamped here to max_tokens, kNoDedup set if any was above). Segment starts: masked
+// le * max_m; contiguous the block_m-aligned prefix. All threads of the group call it.
+// kOverflowFlag = false (a caller that never pulls: the push kernel): kNoDedup is not computed.
+template <bool kOverflowFlag = true>
 __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLayout& L, const PoolTables& t,
                                                   const int32_t* counts, bool masked) {
   const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens;
+  if (kOverflowFlag && W.tid() == 0) t.scratch[PoolTables::kNoDedup] = 0;  // set below, after a sync
   for (int i = W.tid(); i < Lx * R; i += W.nthreads()) {
     int32_t c = ptx::ld_relaxed_sys_s32(counts + i);
     t.cnt[i] = c < 0 ? 0 : (c > T ? T : c);
@@ -112,8 +119,13 @@ __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLa
   W.sync();
   for (int le = W.tid(); le < Lx; le += W.nthreads()) {
     int32_t c = 0;
-    for (int s = 0; s < R; ++s) c += t.cnt[le * R + s];
+    bool over = false;
+    for (int s = 0; s < R; ++s) {
+      c += t.cnt[le * R + s];
+      if (kOverflowFlag) over |= ptx::ld_relaxed_sys_s32(counts + le * R + s) > T;  // raw (read again)
+    }
     t.le_count[le] = c;
+    if (over) t.scratch[PoolTables::kNoDedup] = 1;
   }
   W.sync();
   for (int job = W.warp; job < R + 1; job += W.nwarps) {

@@ -6,7 +6,7 @@ import ctypes
 
 from ._lib import LAYOUT_VERSION, LIB, SymmLayout, check_abi
 
-REGIONS = ("signals", "state", "meta_count", "meta_slots", "meta_all", "stage_x", "stage_s", "stage_w", "kmask", "meta_scan",
+REGIONS = ("signals", "state", "meta_count", "meta_slots", "meta_all", "meta_map", "stage_x", "stage_s", "stage_w", "kmask", "meta_scan",
            "push_slot", "push_hist", "cmb_hist",
            "cmb_order", "cmb_arr", "src_counts", "exp_counts", "exp_offsets", "arrivals", "row_src", "pool_x", "pool_s", "pool_w",
            "combine")
