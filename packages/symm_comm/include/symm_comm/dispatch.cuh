@@ -259,7 +259,6 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
         if (i < n16) xv[u] = ptx::ld_v4_coherent(xs + i);
       }
     };
-    load_batch(0);
     auto store_batch = [&](int base) {
       for (uint32_t m = dmask; m; m &= m - 1) {
         int4* xd = reinterpret_cast<int4*>(px + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * H);
@@ -270,8 +269,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
         }
       }
     };
-    store_batch(0);
-    for (int base = 32 * UNROLL; base < n16; base += 32 * UNROLL) {
+    for (int base = 0; base < n16; base += 32 * UNROLL) {
       load_batch(base);
       store_batch(base);
     }

@@ -134,13 +134,31 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
   for (int64_t base = beg; base < end; base += 32 * U) {
     bool m[U];
     match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);
+    const int32_t run0 = run;
+    uint32_t hit = 0;  // bit u: some lane matched in step u
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
       const int32_t slot = run + __popc(b & lt);
-      if (m[u] && send && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, base + u * 32 + lane, slot);
       if (m[u] && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
+      hit |= (b != 0u) << u;
+    }
+    // The sends, in a loop that is NOT unrolled: send_slot inlined U times made the dispatch kernel
+    // 3x larger, and code run once per warp is instruction-fetch bound (128 tokens: phase A 8 -> 38-64
+    // us). The ids are reloaded (L1 hits: loaded just above).
+    if (send && hit) {
+      int32_t r = run0;
+#pragma unroll 1
+      for (int u = 0; u < U; ++u) {
+        if (!((hit >> u) & 1u)) continue;  // warp-uniform
+        const int64_t i = base + u * 32 + lane;
+        const bool mu = i < end && load_idx<IdxT>(topk_idx, i) == e;
+        const uint32_t b = __ballot_sync(0xffffffffu, mu);
+        const int32_t slot = r + __popc(b & lt);
+        if (mu && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, i, slot);
+        r += __popc(b);
+      }
     }
   }
   return run;
@@ -254,10 +272,19 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       __syncwarp();  // every lane read run[e] before the step's leader updates it
       if (e >= 0 && (same & lt) == 0) run[e] = before + __popc(same);
       __syncwarp();  // the update is visible to the next step
-      if (kSlots && e >= 0) {
-        const int32_t slot = before + __popc(same & lt);
-        if (keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;  // local inverse map
-        if (sends_slots(a) && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, base + u * 32 + lane, slot);
+      // local inverse map (the push's; here also the input of the sends below)
+      if (kSlots && e >= 0) push_slot(peers[L.rank], L)[base + u * 32 + lane] = before + __popc(same & lt);
+    }
+    // The sends, NOT unrolled (code size: see write_slots): id reloaded (L1), slot from push_slot (this
+    // thread's own store above).
+    if (kSlots && sends_slots(a)) {
+#pragma unroll 1
+      for (int u = 0; u < kMetaWalkBatch; ++u) {
+        const int64_t i = base + u * 32 + lane;
+        const int64_t e = i < end ? load_idx<IdxT>(a.topk_idx, i) : -1;
+        if (e < 0 || e >= E) continue;
+        const int32_t slot = push_slot(peers[L.rank], L)[i];
+        if (slot < L.max_tokens) send_slot<IdxT>(L, peers, a, (int)e, i, slot);
       }
     }
   }
