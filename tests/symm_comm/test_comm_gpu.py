@@ -60,7 +60,7 @@ def test_comm(world, backend, scenarios):
 @pytest.mark.parametrize("push", ["0", "1", "2"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_comm_pull_path(world, push, monkeypatch):
-    """The same checks with SYMM_DISPATCH_PUSH=0 (pull), =1 (push dispatch) and =2 (auto, the default:
+    """The same checks with SYMM_DISPATCH_PUSH=0 (pull), =1 (push dispatch) and =2 (auto; the default is 0:
     at the test's sizes all pull: the buffers' max_tokens are below the threshold, so the PULL kernel runs;
     test_comm_auto_mode covers the AUTO / PUSH kernels of the auto mode), whatever the
     environment of the run: both paths must give the exact rows, counts, arrivals and combine results

@@ -1,4 +1,4 @@
-"""CPU tests of the per-call dispatch mode (SYMM_DISPATCH_PUSH=2, the default; csrc/dispatch.cu
+"""CPU tests of the per-call dispatch mode (SYMM_DISPATCH_PUSH=2; the default is 0 = pull since layout v7; csrc/dispatch.cu
 symm_dispatch_kind, include/symm_comm/dispatch.cuh "per-call mode", barrier.cuh rank_arrive_whole):
 - the host rule (the library's symm_dispatch_kind, the function symm_dispatch itself uses);
 - every rank reaches the same mode for a call, and phase A wrote what that mode reads on every rank;

@@ -3,9 +3,10 @@
 // barrier -> phase B pull -> last CTA out publishes the epoch.
 // Push calls: phase A without the staging copy -> one-hop barrier -> every owner's tables -> phase B push
 // (this rank's rows into the owners) -> one-hop "done" barrier -> last CTA out publishes the epoch.
-// Which calls push: SYMM_DISPATCH_PUSH=2 (default) per call, push iff some rank's num_tokens >=
-// SYMM_PUSH_MIN_TOKENS (default 2048 at H 7168, K 8); 0 always pull; 1 always push (symm_dispatch_kind,
-// include/symm_comm/dispatch.cuh "per-call mode").
+// Which calls push: SYMM_DISPATCH_PUSH=0 (default since layout v7) never: the pull reads a token's row
+// once per owner (dedup) and beats the push 2.4-2.7x from 1024 tokens on (2 x H200); 2 per call, push
+// iff some rank's num_tokens >= SYMM_PUSH_MIN_TOKENS (default 2048 at H 7168, K 8); 1 always push
+// (symm_dispatch_kind, include/symm_comm/dispatch.cuh "per-call mode").
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -14,9 +15,12 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-constexpr int kPullUnroll = 7;   // H 7168: 448 vectors = 2 batches of 7 per lane (a batch of 14 with the dedup fan-out spills)
+// Pull: vectors per lane per batch. 7 = two batches (round trips) per row at H 7168; with the dedup
+// fan-out (one read, several pool rows) 14 spills 16-92 bytes in the 128-register kernel, and a
+// separate one-row path with 14 or 16 beside it spilled more (v7, measured with ptxas -v).
+constexpr int kPullUnroll = 7;
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
-constexpr int kPushUnroll = 14;  // H 7168: 448 vectors = 14 per lane, one batch (16 spills)
+constexpr int kPushUnroll = 14;  // push: H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
 
 // kKind (SYMM_KIND_*, dispatch.cuh "per-call mode"): PULL = the pull kernel, PUSH = the push kernel,
@@ -207,10 +211,10 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
   const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
-  // Mode (dispatch.cuh, "per-call mode"): SYMM_DISPATCH_PUSH=2 (default) auto per call, 0 always pull,
+  // Mode (dispatch.cuh, "per-call mode"): SYMM_DISPATCH_PUSH=0 (default) always pull, 2 auto per call,
   // 1 always push; SYMM_PUSH_MIN_TOKENS the auto threshold (default from the layout). Read once per
   // process; both MUST be the same on every rank (the kernel kinds of one call must agree on the mode).
-  static const int mode_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 2);
+  static const int mode_env = symm_host::env_int("SYMM_DISPATCH_PUSH", 0);
   static const int min_tokens_env = symm_host::env_int("SYMM_PUSH_MIN_TOKENS", -1);
   int32_t min_tokens = 0;
   const int kind = symm_dispatch_kind(&L, num_tokens, mode_env, min_tokens_env, &min_tokens);

@@ -11,8 +11,9 @@
 //   buffer.
 // Phase B (pull): each owner pulls the rows from the sources' staging into its expert-major pool,
 //   source-interleaved, 16-byte coherent loads, and bumps arrivals[row / block_m] per row.
-// Mode per call (SYMM_DISPATCH_PUSH=2, default): push iff some rank's num_tokens >= min_tokens (section
-//   "per-call mode" below); 0 = always pull, 1 = always push (process-wide overrides, same on all ranks).
+// Mode: SYMM_DISPATCH_PUSH=0 (default since v7: the dedup pull is faster at every size) always pull;
+//   2 = per call, push iff some rank's num_tokens >= min_tokens (section "per-call mode" below); 1 =
+//   always push (process-wide, the same on all ranks).
 // Push mode (DispatchArgs::push): no staging copy. Phase A also
 //   writes every expert's count into every rank (meta_all) and keeps each id's slot locally
 //   (push_slot); after the same one-hop barrier every rank computes EVERY owner's pool positions
@@ -213,11 +214,12 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
   auto one_row = [&](int s, int32_t row, int le, int32_t slot) {
     const int32_t v = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
     if (v < 0 && dedup) return;  // a non-leader: its token's leader stores this row
-    const int32_t flat = v < 0 ? ~v : v;
+    const int32_t flat = (v < 0 ? ~v : v) & ~kSlotFanOut;
     if (flat >= T * K) return;  // defensive: never index outside the staging
-    const bool lead = v >= 0 && dedup;
     const int32_t tok = flat / K, k = flat - tok * K;
     const uint64_t src = peers[s];
+    // fan: a leader whose token has other ks here (metadata.cuh kSlotFanOut); else one pool row.
+    const bool lead = dedup && v >= 0 && (v & kSlotFanOut);
     // Lane j < K: meta_map entry j of the token (leader; lane k's is the mask of the others) and the
     // source's weight of k = j, issued with the scales' loads. The destinations are resolved before
     // the row's loads are issued (one local round trip): with the row in flight meanwhile, the
@@ -251,10 +253,11 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, __popc(dmask));
     bslot = __shfl_sync(0xffffffffu, bslot, 0) + __popc(dmask & lanes_below);
     const int4* xs = reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H);
-    int4 xv[UNROLL];
+    constexpr int kFan = UNROLL;
+    int4 xv[kFan];
     auto load_batch = [&](int base) {
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
+      for (int u = 0; u < kFan; ++u) {
         const int i = base + u * 32 + W.lane;
         if (i < n16) xv[u] = ptx::ld_v4_coherent(xs + i);
       }
@@ -263,13 +266,13 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       for (uint32_t m = dmask; m; m &= m - 1) {
         int4* xd = reinterpret_cast<int4*>(px + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * H);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < kFan; ++u) {
           const int i = base + u * 32 + W.lane;
           if (i < n16) ptx::st_v4(xd + i, xv[u]);
         }
       }
     };
-    for (int base = 0; base < n16; base += 32 * UNROLL) {
+    for (int base = 0; base < n16; base += 32 * kFan) {
       load_batch(base);
       store_batch(base);
     }
@@ -304,7 +307,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
 }
 
 
-// ==== per-call mode (SYMM_DISPATCH_PUSH=2, the default: auto) ==========================================
+// ==== per-call mode (SYMM_DISPATCH_PUSH=2; the default is 0, pull) ======================================
 // Rule: a call pushes iff max over ranks s of num_tokens(s) >= min_tokens (host: symm_dispatch_kind,
 // identical on every rank: same layout, same environment). The host launches, per rank:
 //   kind PULL (0): SYMM_DISPATCH_PUSH=0, push impossible (shared memory), or max_tokens < min_tokens

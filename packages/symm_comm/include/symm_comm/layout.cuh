@@ -181,8 +181,9 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   if (Lx * mm > P) P = Lx * mm;
   P = symm_align_up(P, block_m);
   // (Lx * T: meta_map's le * T + slot entries are int32)
+  // (T * K < 2^30: bit 30 of a meta_slots entry flags a fanned-out leader, metadata.cuh kSlotFanOut)
   if (P >= ((int64_t)1 << 31) || R * T * K >= ((int64_t)1 << 31) || mm >= ((int64_t)1 << 31) ||
-      Lx * T >= ((int64_t)1 << 31))
+      Lx * T >= ((int64_t)1 << 31) || T * K >= ((int64_t)1 << 30))
     return -1;
 
   L->num_ranks = num_ranks;

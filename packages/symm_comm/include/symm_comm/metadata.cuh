@@ -72,10 +72,17 @@ __device__ __forceinline__ int32_t clamp_count(const SymmLayout& L, int e, int32
 // ks there (dispatch.cuh pull_rows). At 2 ranks, top-8 of 256 experts, that is ~4 rows per read.
 // For a valid id i = token * K + k routed to expert e (owner d, local le) with slot `slot`, the source
 // stores into d (plain peer stores, published by the one-hop barrier like the rest of phase A):
-//   meta_slots[le][src][slot] = leader ? i : ~i        (negative: pulled by its leader, skipped)
-//   meta_map[src][i]          = leader ? (mask of the token's HIGHER ks routed to d) : le * T + slot
+//   meta_slots[le][src][slot] = i                  a leader with no other k at d (pulled, one pool row)
+//                             = i | kSlotFanOut    a leader with others: meta_map[src][i] = mask of the
+//                                                  token's HIGHER ks routed to d (pulled, fanned out)
+//                             = ~i (negative)      a non-leader: meta_map[src][i] = le * T + slot
+//                                                  (stored by its leader, skipped by the pull)
 // Every entry the owner reads was written in this call: the leader reads meta_map only at the ks of
-// its mask, and the mask, like the entries, comes from this call's ids.
+// its mask, and the mask, like the entries, comes from this call's ids. Only the one-pass metadata
+// (T * K > kMetaWarpMaxIds) sends this: the small-T variants send plain ids (every row pulls itself;
+// measured at 128 tokens, the per-id owner mask made their phase A 8 -> 16-20 us, more than the
+// dedup saves in the pull there).
+constexpr int32_t kSlotFanOut = 1 << 30;  // ids < 2^30 (symm_layout_compute)
 
 // Bit k set: topk_idx[tok, k] is a valid id whose owner is d (ids cached: the caller just read them).
 template <typename IdxT>
@@ -102,10 +109,11 @@ __device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* p
   const int64_t tok = i / K;
   const int k = (int)(i - tok * K);
   const uint32_t km = owner_kmask<IdxT>(L, a.topk_idx, tok, d);
-  const bool leader = (km & ((1u << k) - 1u)) == 0;  // k <= 31
-  meta_slots(peers[d], L, a.parity, le, L.rank)[slot] = leader ? (int32_t)i : ~(int32_t)i;
-  meta_map(peers[d], L, a.parity, L.rank)[i] =
-      leader ? (int32_t)(km & ~(0xFFFFFFFFu >> (31 - k))) : le * L.max_tokens + slot;
+  const bool leader = (km & ((1u << k) - 1u)) == 0;     // k <= 31
+  const uint32_t higher = km & ~(0xFFFFFFFFu >> (31 - k));  // the token's ks above k at d
+  meta_slots(peers[d], L, a.parity, le, L.rank)[slot] =
+      !leader ? ~(int32_t)i : (higher ? ((int32_t)i | kSlotFanOut) : (int32_t)i);
+  if (!leader || higher) meta_map(peers[d], L, a.parity, L.rank)[i] = leader ? (int32_t)higher : le * L.max_tokens + slot;
 }
 
 // m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
@@ -123,42 +131,27 @@ __device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, in
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
 // walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
 // Slots at or past L.max_tokens are not written (the caller reports the overflow via clamp_count).
-// send: slots (+ meta_map) go to the owner (send_slot; pull / auto); my_slots non-null (push / auto):
-// my_slots[id] = slot for every match.
+// send: the slots go to the owner as plain ids (pull / auto; no dedup here, kSlotFanOut); my_slots
+// non-null (push / auto): my_slots[id] = slot for every match.
 template <int U, typename IdxT>
 __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
                                                int64_t beg, int64_t end, int e, int lane, int32_t run, bool send,
                                                int32_t* my_slots = nullptr) {
   const void* topk_idx = a.topk_idx;
   const uint32_t lt = (1u << lane) - 1u;
+  int32_t* slots = send ? meta_slots(peers[e / L.num_local_experts], L, a.parity, e % L.num_local_experts, L.rank)
+                        : nullptr;
   for (int64_t base = beg; base < end; base += 32 * U) {
     bool m[U];
     match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);
-    const int32_t run0 = run;
-    uint32_t hit = 0;  // bit u: some lane matched in step u
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
       const int32_t slot = run + __popc(b & lt);
+      // plain ids: no dedup on the small-T paths (kSlotFanOut)
+      if (m[u] && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
       if (m[u] && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
-      hit |= (b != 0u) << u;
-    }
-    // The sends, in a loop that is NOT unrolled: send_slot inlined U times made the dispatch kernel
-    // 3x larger, and code run once per warp is instruction-fetch bound (128 tokens: phase A 8 -> 38-64
-    // us). The ids are reloaded (L1 hits: loaded just above).
-    if (send && hit) {
-      int32_t r = run0;
-#pragma unroll 1
-      for (int u = 0; u < U; ++u) {
-        if (!((hit >> u) & 1u)) continue;  // warp-uniform
-        const int64_t i = base + u * 32 + lane;
-        const bool mu = i < end && load_idx<IdxT>(topk_idx, i) == e;
-        const uint32_t b = __ballot_sync(0xffffffffu, mu);
-        const int32_t slot = r + __popc(b & lt);
-        if (mu && slot < L.max_tokens) send_slot<IdxT>(L, peers, a, e, i, slot);
-        r += __popc(b);
-      }
     }
   }
   return run;
