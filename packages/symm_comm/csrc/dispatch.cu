@@ -15,10 +15,12 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-// Pull: vectors per lane per batch. 7 = two batches (round trips) per row at H 7168; with the dedup
-// fan-out (one read, several pool rows) 14 spills 16-92 bytes in the 128-register kernel, and a
-// separate one-row path with 14 or 16 beside it spilled more (v7, measured with ptxas -v).
+// Pull: vectors per lane per batch. Dedup kernels (T * K > kMetaWarpMaxIds): 7 = two batches (round
+// trips) per row at H 7168; with the fan-out (one read, several pool rows) 14 spills 16-92 bytes in the
+// 128-register kernel, and a one-row path with 14 or 16 beside it in the same kernel spilled more
+// (v7, ptxas -v). Small-T kernels (plain pull, no fan-out code): 16, a whole row per batch.
 constexpr int kPullUnroll = 7;
+constexpr int kPullUnrollPlain = 16;
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
 constexpr int kPushUnroll = 14;  // push: H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
@@ -26,7 +28,11 @@ constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it t
 // kKind (SYMM_KIND_*, dispatch.cuh "per-call mode"): PULL = the pull kernel, PUSH = the push kernel,
 // AUTO = phase A for both, the mode decided after the one-hop barrier. Separate instantiations so the
 // pull kernel's code (and register allocation) stays what it was.
-template <typename IdxT, int kKind>
+// kDedup (PULL kind only; AUTO always, PUSH never): the pull with the dedup fan-out (pool.cuh / dispatch.cuh,
+// layout v7), chosen by the host when this rank's T * K > kMetaWarpMaxIds (its sources then likely send
+// fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
+// is correct whatever the sources sent; the choice only moves time.
+template <typename IdxT, int kKind, bool kDedup = kKind != SYMM_KIND_PUSH>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
@@ -122,9 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (blockIdx.x == 0) publish_layout(W, L, local, t);
         pad_blocks(W, L, local, t);
         if (st0) stamp(local, L, 3);
-        // AUTO kind: 14 vectors per lane (= one batch per row up to H 7168, as 16; H 8192 takes two):
-        // with 16 the kernel that holds both phase Bs spills 24 bytes (nvcc 13); PULL kind unchanged.
-        pull_rows<kPullUnroll>(W, L, s_peers, local, t, a.parity,
+        pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
                                pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
       }
     }
@@ -227,15 +231,19 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // 2: two items per grab (at R = 2 one row of each source; half the atomics).
   static const int pull_env = symm_host::env_int("SYMM_PULL_DYNAMIC", 1);
   static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
+  // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
+  const bool plain = (int64_t)num_tokens * L.topk <= symm::kMetaWarpMaxIds;
   using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);
   K64P kernel = nullptr;
   if (idx_bytes == 8)
     kernel = kind == SYMM_KIND_PUSH   ? symm_dispatch_kernel<int64_t, SYMM_KIND_PUSH>
              : kind == SYMM_KIND_AUTO ? symm_dispatch_kernel<int64_t, SYMM_KIND_AUTO>
+             : plain                  ? symm_dispatch_kernel<int64_t, SYMM_KIND_PULL, false>
                                       : symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>;
   else
     kernel = kind == SYMM_KIND_PUSH   ? symm_dispatch_kernel<int32_t, SYMM_KIND_PUSH>
              : kind == SYMM_KIND_AUTO ? symm_dispatch_kernel<int32_t, SYMM_KIND_AUTO>
+             : plain                  ? symm_dispatch_kernel<int32_t, SYMM_KIND_PULL, false>
                                       : symm_dispatch_kernel<int32_t, SYMM_KIND_PULL>;
   return symm_host::launch_coop(kernel, kThreads, smem, num_sms, stream, L, peers, a, host_err, (uint64_t)timeout_ns,
                                 onepass, pull_dynamic, min_tokens);

@@ -197,7 +197,10 @@ constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row c
 // (1 or 2) items per grab; pull_ctr = this call's counter (pull_counter(), zero at the call's start; a
 // fused kernel that passes one must keep that rule: a counter left non-zero makes warps skip rows, and
 // the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
-template <int UNROLL>
+// kDedup = false: the plain pull of one row per pool row (every entry decoded, fan-out flags ignored:
+// what kNoDedup does), a whole row per batch (UNROLL 16 spill-free there): the small-T kernel, where
+// the sources send plain ids anyway and one round trip per row is the latency that counts.
+template <int UNROLL, bool kDedup = true>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr,
                                           int pull_chunk = 1) {
@@ -209,7 +212,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
   float* pw = at<float>(local, L.off_pool_w);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
-  const bool dedup = t.scratch[PoolTables::kNoDedup] == 0;
+  const bool dedup = kDedup && t.scratch[PoolTables::kNoDedup] == 0;
   const uint32_t lanes_below = (1u << W.lane) - 1u;
   auto one_row = [&](int s, int32_t row, int le, int32_t slot) {
     const int32_t v = ptx::ld_relaxed_sys_s32(meta_slots(local, L, parity, le, s) + slot);
@@ -218,6 +221,39 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (flat >= T * K) return;  // defensive: never index outside the staging
     const int32_t tok = flat / K, k = flat - tok * K;
     const uint64_t src = peers[s];
+    if constexpr (!kDedup) {
+      int32_t bslot = 0;  // combine bucket slot: issued first, off the row's path
+      if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, 1);
+      const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
+      int32_t* s_dst = reinterpret_cast<int32_t*>(ps + (int64_t)row * S);
+      int32_t sv[kPullScaleRegs];
+#pragma unroll
+      for (int u = 0; u < kPullScaleRegs; ++u) {
+        const int i = u * 32 + W.lane;
+        if (i < S) sv[u] = ptx::ld_relaxed_sys_s32(s_src + i);
+      }
+      float wv = 0.f;
+      if (W.lane == 0) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
+      warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + (int64_t)row * H),
+                                 reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), n16, W.lane);
+#pragma unroll
+      for (int u = 0; u < kPullScaleRegs; ++u) {
+        const int i = u * 32 + W.lane;
+        if (i < S) s_dst[i] = sv[u];
+      }
+      constexpr int kHeld1 = 32 * kPullScaleRegs;  // scales beyond these (H > 8192) are copied afterwards
+      if (S > kHeld1)
+        warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld1),
+                            reinterpret_cast<const uint32_t*>(s_src + kHeld1), (int)(S - kHeld1), W.lane);
+      if (W.lane == 0) {
+        pw[row] = wv;
+        row_src[row] = (s * T + tok) * K + k;
+        if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = row;
+      }
+      __syncwarp();
+      if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
+      return;
+    }
     // fan: a leader whose token has other ks here (metadata.cuh kSlotFanOut); else one pool row.
     const bool lead = dedup && v >= 0 && (v & kSlotFanOut);
     // Lane j < K: meta_map entry j of the token (leader; lane k's is the mask of the others) and the
