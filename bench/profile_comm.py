@@ -52,7 +52,7 @@ def _worker(rank, world, port, tokens):
 
 
 def main():
-    tokens = [int(t) for t in (sys.argv[1:] or ["1", "37", "300"])]
+    tokens = [int(t) for t in (sys.argv[1:] or ["1", "37", "600"])]
     world = torch.cuda.device_count()
     import torch.multiprocessing as mp
     mp.spawn(_worker, args=(world, _free_port(), tokens), nprocs=world, join=True)

@@ -32,11 +32,12 @@ for s in "${steps[@]}"; do
           r=$?; rc=$((rc | r)); tail -1 "$OUT/sanitize_$tool.log"; echo "sanitize $tool ($case) rc=$r"
         done
         # symm_comm on every GPU (one rank each): the pull kernel, and the auto kernel with a low push
-        # threshold so its calls take both paths (1 and 37 tokens pull, 300 push). API errors are not
+        # threshold so its calls take both paths (1 and 37 tokens pull, 600 push; 600 x top-4 = 2400 ids: the
+        # dedup pull kernel in the pull run). API errors are not
         # reported: NCCL init and torch's allocator probe unsupported calls on purpose (36 lines, d8dda90).
         for env in "SYMM_DISPATCH_PUSH=0" "SYMM_DISPATCH_PUSH=2 SYMM_PUSH_MIN_TOKENS=100"; do
           env $env timeout "$T" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
-            python3 bench/profile_comm.py 1 37 300 >> "$OUT/sanitize_$tool.log" 2>&1
+            python3 bench/profile_comm.py 1 37 600 >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); grep -E "SUMMARY|Error|wrong" "$OUT/sanitize_$tool.log" | tail -2
           echo "sanitize $tool (symm_comm $env) rc=$r"
         done
