@@ -268,7 +268,8 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       // local inverse map (the push's; here also the input of the sends below)
       if (kSlots && e >= 0) push_slot(peers[L.rank], L)[base + u * 32 + lane] = before + __popc(same & lt);
     }
-    // The sends, NOT unrolled (code size: see write_slots): id reloaded (L1), slot from push_slot (this
+    // The sends, NOT unrolled (inlined in each unrolled step, send_slot made the kernel 3x larger and phase A
+    // 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from push_slot (this
     // thread's own store above).
     if (kSlots && sends_slots(a)) {
 #pragma unroll 1
