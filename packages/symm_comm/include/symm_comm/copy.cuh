@@ -1,7 +1,9 @@
 // symm_comm/copy.cuh — warp-wide row copies with 16-byte vectors, many vectors in flight per lane,
-// and a grid-wide byte copy. Load policy is a template parameter:
-//   kCoherent = true : ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
-//   kCoherent = false: ld.global.nc (local data written by an EARLIER kernel).
+// and a grid-wide byte copy. Load policy of the row copy (template parameter):
+//   Load::kCoherent     ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
+//   Load::kLocalNc      ld.global.nc (local data written by an EARLIER kernel);
+//   Load::kLocalOrdered ld.relaxed.gpu (local read-only data whose batch of loads must all issue before
+//                       the batch's stores: with .nc ptxas interleaved them, ptx.cuh ld_v4_local_ordered).
 #pragma once
 #include <stdint.h>
 #include "symm_comm/ptx.cuh"
@@ -9,21 +11,24 @@
 #if defined(__CUDACC__)
 namespace symm {
 
-template <bool kCoherent>
+enum class Load { kCoherent, kLocalNc, kLocalOrdered };
+
+template <Load kLoad>
 __device__ __forceinline__ int4 ld_v4(const int4* p) {
-  if constexpr (kCoherent) return ptx::ld_v4_coherent(p);
+  if constexpr (kLoad == Load::kCoherent) return ptx::ld_v4_coherent(p);
+  else if constexpr (kLoad == Load::kLocalOrdered) return ptx::ld_v4_local_ordered(p);
   else return ptx::ld_v4_local(p);
 }
 
 // One warp copies n16 16-byte vectors, UNROLL loads in flight per lane before the stores.
-template <int UNROLL, bool kCoherent>
+template <int UNROLL, Load kLoad>
 __device__ __forceinline__ void warp_copy_v4(int4* dst, const int4* src, int n16, int lane) {
   for (int base = 0; base < n16; base += 32 * UNROLL) {
     int4 v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + u * 32 + lane;
-      if (i < n16) v[u] = ld_v4<kCoherent>(src + i);
+      if (i < n16) v[u] = ld_v4<kLoad>(src + i);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {

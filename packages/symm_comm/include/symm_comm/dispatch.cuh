@@ -234,7 +234,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       }
       float wv = 0.f;
       if (W.lane == 0) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
-      warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + (int64_t)row * H),
+      warp_copy_v4<UNROLL, Load::kCoherent>(reinterpret_cast<int4*>(px + (int64_t)row * H),
                                  reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), n16, W.lane);
 #pragma unroll
       for (int u = 0; u < kPullScaleRegs; ++u) {
@@ -491,25 +491,6 @@ __device__ __forceinline__ void push_bucket_counts(const Workers& W, const SymmL
   }
 }
 
-// One warp copies n16 16-byte vectors of LOCAL read-only data (the user's x) to dst (a peer's pool or
-// the local one): UNROLL loads per lane issued before the batch's stores (ordered volatile loads).
-template <int UNROLL>
-__device__ __forceinline__ void warp_push_v4(int4* dst, const int4* src, int n16, int lane) {
-  for (int base = 0; base < n16; base += 32 * UNROLL) {
-    int4 v[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < n16) v[u] = ptx::ld_v4_local_ordered(src + i);
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < n16) ptx::st_v4(dst + i, v[u]);
-    }
-  }
-}
-
 // Phase B of push mode: every valid (token, k) of this rank, item q = token * K + k, stored into the
 // owner d = e / L at pool row pos[e] + slot: x row (16-byte loads of the user's tensor, 16-byte
 // stores to the owner; d == rank: a plain local copy), scales, weight, row_src, the combine bucket entry
@@ -585,7 +566,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
         const int i = u * 32 + W.lane;
         if (i < S) sv[u] = __ldg(s_src + i);
       }
-      warp_push_v4<UNROLL>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)rj * H),
+      warp_copy_v4<UNROLL, Load::kLocalOrdered>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)rj * H),
                            reinterpret_cast<const int4*>(xin + (int64_t)tj * H), (int)(H / 16), W.lane);
 #pragma unroll
       for (int u = 0; u < kPullScaleRegs; ++u) {
