@@ -38,6 +38,23 @@ __device__ __forceinline__ void warp_copy_v4(int4* dst, const int4* src, int n16
   }
 }
 
+// A row's per-128 scales (S words) held in registers across the row copy, so their load rides with
+// the row's and their store follows it: lane l holds words l and l + 32 (all of them for S <= 64,
+// i.e. H <= 8192); store() copies any words beyond those straight from src (H > 8192).
+template <bool kCoherent>
+struct HeldScales {
+  static constexpr int kRegs = 2;
+  int32_t v[kRegs];
+  __device__ __forceinline__ void load(const int32_t* src, int64_t S, int lane) {
+#pragma unroll
+    for (int u = 0; u < kRegs; ++u) {
+      const int i = u * 32 + lane;
+      if (i < S) v[u] = kCoherent ? ptx::ld_relaxed_sys_s32(src + i) : __ldg(src + i);
+    }
+  }
+  __device__ __forceinline__ void store(int32_t* dst, const int32_t* src, int64_t S, int lane) const;
+};
+
 // One warp copies n 4-byte words (small rows: scales).
 template <bool kCoherent>
 __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src, int n, int lane) {
@@ -47,6 +64,19 @@ __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src
     else v = __ldg(src + i);
     dst[i] = v;
   }
+}
+
+template <bool kCoherent>
+__device__ __forceinline__ void HeldScales<kCoherent>::store(int32_t* dst, const int32_t* src, int64_t S, int lane) const {
+#pragma unroll
+  for (int u = 0; u < kRegs; ++u) {
+    const int i = u * 32 + lane;
+    if (i < S) dst[i] = v[u];
+  }
+  constexpr int kHeld = 32 * kRegs;
+  if (S > kHeld)
+    warp_copy_b32<kCoherent>(reinterpret_cast<uint32_t*>(dst + kHeld), reinterpret_cast<const uint32_t*>(src + kHeld),
+                             (int)(S - kHeld), lane);
 }
 
 // All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4). Each
