@@ -313,10 +313,14 @@ def run_all(backend, scenarios, res):
 
     def step(name, fn):
         if name in scenarios or "all" in scenarios:
+            t0 = time.perf_counter()
             fn()
             torch.cuda.synchronize()
             dist.barrier()
             res["done"].append(name)
+            # Per-step wall time on stderr (seen with pytest -s): a slow step shows itself in a log
+            # even when the whole test later times out.
+            print(f"[symm rank {rank}] {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     def basic():
         T = [T_max, 77, 1, 100][rank % 4]
