@@ -3,7 +3,11 @@ each), a few dispatch (contiguous and masked) + combine calls at small shapes, f
 then a check of the combine against the local sum of what was dispatched (catches a run that silently
 did nothing) and the buffer's error word. Run it under the tool, e.g.
   compute-sanitizer --tool memcheck python3 bench/profile_comm.py [tokens ...]
-The dispatch mode follows SYMM_DISPATCH_PUSH / SYMM_PUSH_MIN_TOKENS as usual."""
+The dispatch mode follows SYMM_DISPATCH_PUSH / SYMM_PUSH_MIN_TOKENS as usual. SYMM_PROFILE_SHAPE="E,H,K"
+(default "8 * ranks,512,4") sets the experts, hidden size and top-k, e.g. the bench's "256,7168,8" for ncu:
+  CUDA_VISIBLE_DEVICES=0 SYMM_PROFILE_SHAPE=256,7168,8 ncu --clock-control none -k regex:symm_dispatch \
+      --launch-skip 2 --launch-count 1 --set full --import-source yes -o dispatch128 \
+      python3 bench/profile_comm.py 128"""
 from __future__ import annotations
 
 import os
@@ -25,7 +29,8 @@ def _worker(rank, world, port, tokens):
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, device_id=torch.device("cuda", rank))
     import symm_comm
-    E, H, K = 8 * world, 512, 4
+    shape = os.environ.get("SYMM_PROFILE_SHAPE")
+    E, H, K = (int(v) for v in shape.split(",")) if shape else (8 * world, 512, 4)
     buf = symm_comm.Buffer(None, E, H, K, max(tokens), timeout_s=300.0, max_m=max(tokens) * world)
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev)

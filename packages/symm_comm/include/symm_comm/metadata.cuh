@@ -292,8 +292,9 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
         push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
       }
     }
-    // The sends for other K, NOT unrolled (code size: see write_slots): id reloaded (L1), slot from
-    // push_slot (this thread's own store above).
+    // The sends for other K, NOT unrolled (inlined in each unrolled step, send_slot made the kernel 3x
+    // larger and phase A 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from push_slot
+    // (this thread's own store above).
     if (kSlots && sends_slots(a) && !lane_tokens) {
 #pragma unroll 1
       for (int u = 0; u < kMetaWalkBatch; ++u) {
