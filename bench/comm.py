@@ -40,6 +40,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def init_rank(rank, world, port):
+    """This process's GPU and the process group of a job of `world` ranks on this machine."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+
+
+def spawn_ranks(worker, *args):
+    """worker(rank, world, port, *args) in one process per GPU of the machine, joined."""
+    import torch.multiprocessing as mp
+    world = torch.cuda.device_count()
+    mp.spawn(worker, args=(world, _free_port(), *args), nprocs=world, join=True)
+
+
 def _routing(rank, T, H, E, K, gen, dev):
     x = torch.randint(0, 256, (T, H), generator=gen, device=dev, dtype=torch.uint8).view(torch.float8_e4m3fn)
     s = torch.rand(T, H // 128, generator=gen, device=dev) + 0.5
@@ -143,9 +157,7 @@ class NcclEP:
 # ---- worker ------------------------------------------------------------------------------------
 def _worker(rank, world, port, args, q):
     try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, device_id=torch.device("cuda", rank))
+        init_rank(rank, world, port)
         out = _run(rank, world, args)
         q.put((rank, out, None))
         dist.barrier()

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from comm import _free_port, _routing  # noqa: E402
+from comm import _routing, init_rank, spawn_ranks  # noqa: E402
 from common import time_cuda_sequence  # noqa: E402
 
 STAMPS = 160  # SYMM_STATE_STAMPS (layout.cuh)
@@ -26,9 +26,7 @@ NAMES = ["d.start", "d.phaseA", "d.barrier", "d.tables+pad", "d.pull(cta0)", "d.
 
 
 def _worker(rank, world, port, tokens):
-    torch.cuda.set_device(rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, device_id=torch.device("cuda", rank))
+    init_rank(rank, world, port)
     import symm_comm
     E, H, K = 256, 7168, 8
     buf = symm_comm.Buffer(None, E, H, K, max(tokens), check=False, timeout_s=60.0)
@@ -77,10 +75,7 @@ def _worker(rank, world, port, tokens):
 
 
 def main():
-    tokens = [int(t) for t in (sys.argv[1:] or ["1", "128", "4096"])]
-    world = torch.cuda.device_count()
-    import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(world, _free_port(), tokens), nprocs=world, join=True)
+    spawn_ranks(_worker, [int(t) for t in (sys.argv[1:] or ["1", "128", "4096"])])
 
 
 if __name__ == "__main__":

@@ -21,13 +21,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from comm import _free_port, _routing  # noqa: E402
+from comm import _routing, init_rank, spawn_ranks  # noqa: E402
 
 
 def _worker(rank, world, port, tokens):
-    torch.cuda.set_device(rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, device_id=torch.device("cuda", rank))
+    init_rank(rank, world, port)
     import symm_comm
     shape = os.environ.get("SYMM_PROFILE_SHAPE")
     E, H, K = (int(v) for v in shape.split(",")) if shape else (8 * world, 512, 4)
@@ -57,10 +55,7 @@ def _worker(rank, world, port, tokens):
 
 
 def main():
-    tokens = [int(t) for t in (sys.argv[1:] or ["1", "37", "600"])]
-    world = torch.cuda.device_count()
-    import torch.multiprocessing as mp
-    mp.spawn(_worker, args=(world, _free_port(), tokens), nprocs=world, join=True)
+    spawn_ranks(_worker, [int(t) for t in (sys.argv[1:] or ["1", "37", "600"])])
 
 
 if __name__ == "__main__":

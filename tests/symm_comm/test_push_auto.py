@@ -12,21 +12,9 @@ import ctypes
 import random
 
 import pytest
+from symm_lib_util import layout as _layout, lib_or_skip as _lib_or_skip
 
 PULL, PUSH, AUTO = 0, 1, 2  # SYMM_KIND_* (layout.cuh)
-
-
-def _lib_or_skip():
-    from symm_comm._lib import LIB
-    if not LIB.available():
-        pytest.skip("libsymm_comm.so not built")
-    return LIB
-
-
-def _layout(*a, **k):
-    _lib_or_skip()
-    from symm_comm.layout import compute_layout
-    return compute_layout(*a, **k)
 
 
 def _kind(L, T, mode=2, min_env=-1):

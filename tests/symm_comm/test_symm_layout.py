@@ -4,24 +4,12 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+from symm_lib_util import layout as _layout, lib_or_skip as _lib_or_skip
 
 from symm_comm import errors as E
 from symm_comm._arrays import DevArray
 from symm_comm._validate import Config, check_buffer_args, check_combine, check_dispatch
 from symm_comm.layout import REGIONS, region_bytes
-
-
-def _lib_or_skip():
-    from symm_comm._lib import LIB
-    if not LIB.available():
-        pytest.skip("libsymm_comm.so not built")
-    return LIB
-
-
-def _layout(*a, **k):
-    _lib_or_skip()
-    from symm_comm.layout import compute_layout
-    return compute_layout(*a, **k)
 
 
 def test_struct_mirror_size():

@@ -143,7 +143,7 @@ __device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uin
   const int32_t tok = st % T, s = st / T;
   if (s >= L.num_ranks) return;
   if (with_data)
-    warp_copy_v4<UNROLL, false>(reinterpret_cast<int4*>(combine_row(peers[s], L, parity, k, tok)),
+    warp_copy_v4<UNROLL, Load::kLocalNc>(reinterpret_cast<int4*>(combine_row(peers[s], L, parity, k, tok)),
                                 reinterpret_cast<const int4*>(expert_out + (int64_t)row * L.hidden),
                                 L.hidden * 2 / 16, lane);
   ptx::fence_acq_rel_sys();

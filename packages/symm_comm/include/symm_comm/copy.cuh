@@ -1,7 +1,9 @@
 // symm_comm/copy.cuh — warp-wide row copies with 16-byte vectors, many vectors in flight per lane,
-// and a grid-wide byte copy. Load policy is a template parameter:
-//   kCoherent = true : ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
-//   kCoherent = false: ld.global.nc (local data written by an EARLIER kernel).
+// and a grid-wide byte copy. Load policy of the row copy (template parameter):
+//   Load::kCoherent     ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
+//   Load::kLocalNc      ld.global.nc (local data written by an EARLIER kernel);
+//   Load::kLocalOrdered ld.relaxed.gpu (local read-only data whose batch of loads must all issue before
+//                       the batch's stores: with .nc ptxas interleaved them, ptx.cuh ld_v4_local_ordered).
 #pragma once
 #include <stdint.h>
 #include "symm_comm/ptx.cuh"
@@ -9,21 +11,24 @@
 #if defined(__CUDACC__)
 namespace symm {
 
-template <bool kCoherent>
+enum class Load { kCoherent, kLocalNc, kLocalOrdered };
+
+template <Load kLoad>
 __device__ __forceinline__ int4 ld_v4(const int4* p) {
-  if constexpr (kCoherent) return ptx::ld_v4_coherent(p);
+  if constexpr (kLoad == Load::kCoherent) return ptx::ld_v4_coherent(p);
+  else if constexpr (kLoad == Load::kLocalOrdered) return ptx::ld_v4_local_ordered(p);
   else return ptx::ld_v4_local(p);
 }
 
 // One warp copies n16 16-byte vectors, UNROLL loads in flight per lane before the stores.
-template <int UNROLL, bool kCoherent>
+template <int UNROLL, Load kLoad>
 __device__ __forceinline__ void warp_copy_v4(int4* dst, const int4* src, int n16, int lane) {
   for (int base = 0; base < n16; base += 32 * UNROLL) {
     int4 v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + u * 32 + lane;
-      if (i < n16) v[u] = ld_v4<kCoherent>(src + i);
+      if (i < n16) v[u] = ld_v4<kLoad>(src + i);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -32,6 +37,23 @@ __device__ __forceinline__ void warp_copy_v4(int4* dst, const int4* src, int n16
     }
   }
 }
+
+// A row's per-128 scales (S words) held in registers across the row copy, so their load rides with
+// the row's and their store follows it: lane l holds words l and l + 32 (all of them for S <= 64,
+// i.e. H <= 8192); store() copies any words beyond those straight from src (H > 8192).
+template <bool kCoherent>
+struct HeldScales {
+  static constexpr int kRegs = 2;
+  int32_t v[kRegs];
+  __device__ __forceinline__ void load(const int32_t* src, int64_t S, int lane) {
+#pragma unroll
+    for (int u = 0; u < kRegs; ++u) {
+      const int i = u * 32 + lane;
+      if (i < S) v[u] = kCoherent ? ptx::ld_relaxed_sys_s32(src + i) : __ldg(src + i);
+    }
+  }
+  __device__ __forceinline__ void store(int32_t* dst, const int32_t* src, int64_t S, int lane) const;
+};
 
 // One warp copies n 4-byte words (small rows: scales).
 template <bool kCoherent>
@@ -42,6 +64,19 @@ __device__ __forceinline__ void warp_copy_b32(uint32_t* dst, const uint32_t* src
     else v = __ldg(src + i);
     dst[i] = v;
   }
+}
+
+template <bool kCoherent>
+__device__ __forceinline__ void HeldScales<kCoherent>::store(int32_t* dst, const int32_t* src, int64_t S, int lane) const {
+#pragma unroll
+  for (int u = 0; u < kRegs; ++u) {
+    const int i = u * 32 + lane;
+    if (i < S) dst[i] = v[u];
+  }
+  constexpr int kHeld = 32 * kRegs;
+  if (S > kHeld)
+    warp_copy_b32<kCoherent>(reinterpret_cast<uint32_t*>(dst + kHeld), reinterpret_cast<const uint32_t*>(src + kHeld),
+                             (int)(S - kHeld), lane);
 }
 
 // All threads of the grid copy nbytes (dst, src 16-byte aligned; nbytes a multiple of 4). Each

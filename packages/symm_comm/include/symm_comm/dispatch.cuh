@@ -190,7 +190,6 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // (lane j < K handles k = j: its pool row from meta_map, its weight, row_src, combine bucket entry and
 // arrival bump). Non-leader items return after one local load. kNoDedup (a slot overflow this call):
 // every row copies itself, as before v7.
-constexpr int kPullScaleRegs = 2;  // scale words per lane held across the row copy (S <= 64: H <= 8192)
 
 // pull_ctr: null = static distribution (for_each_pool_row_interleaved, SYMM_PULL_DYNAMIC=0); else the
 // dynamic one (for_each_pool_row_dynamic) when there are more than 2 work items per warp, pull_chunk
@@ -225,26 +224,13 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       int32_t bslot = 0;  // combine bucket slot: issued first, off the row's path
       if (W.lane == 0) bslot = atomicAdd(cmb_hist(local, L) + s * L.num_chunks + tok / L.combine_chunk, 1);
       const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
-      int32_t* s_dst = reinterpret_cast<int32_t*>(ps + (int64_t)row * S);
-      int32_t sv[kPullScaleRegs];
-#pragma unroll
-      for (int u = 0; u < kPullScaleRegs; ++u) {
-        const int i = u * 32 + W.lane;
-        if (i < S) sv[u] = ptx::ld_relaxed_sys_s32(s_src + i);
-      }
+      HeldScales<true> sv;
+      sv.load(s_src, S, W.lane);
       float wv = 0.f;
       if (W.lane == 0) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + flat);
-      warp_copy_v4<UNROLL, true>(reinterpret_cast<int4*>(px + (int64_t)row * H),
+      warp_copy_v4<UNROLL, Load::kCoherent>(reinterpret_cast<int4*>(px + (int64_t)row * H),
                                  reinterpret_cast<const int4*>(stage_x(src, L, parity) + tok * H), n16, W.lane);
-#pragma unroll
-      for (int u = 0; u < kPullScaleRegs; ++u) {
-        const int i = u * 32 + W.lane;
-        if (i < S) s_dst[i] = sv[u];
-      }
-      constexpr int kHeld1 = 32 * kPullScaleRegs;  // scales beyond these (H > 8192) are copied afterwards
-      if (S > kHeld1)
-        warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld1),
-                            reinterpret_cast<const uint32_t*>(s_src + kHeld1), (int)(S - kHeld1), W.lane);
+      sv.store(reinterpret_cast<int32_t*>(ps + (int64_t)row * S), s_src, S, W.lane);
       if (W.lane == 0) {
         pw[row] = wv;
         row_src[row] = (s * T + tok) * K + k;
@@ -267,12 +253,8 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       if (lead || W.lane == k) wv = ptx::ld_f32_coherent(stage_w(src, L, parity) + tok * K + W.lane);
     }
     const int32_t* s_src = reinterpret_cast<const int32_t*>(stage_s(src, L, parity) + tok * S);
-    int32_t sv[kPullScaleRegs];
-#pragma unroll
-    for (int u = 0; u < kPullScaleRegs; ++u) {
-      const int i = u * 32 + W.lane;
-      if (i < S) sv[u] = ptx::ld_relaxed_sys_s32(s_src + i);
-    }
+    HeldScales<true> sv;
+    sv.load(s_src, S, W.lane);
     // Destinations: lane k = this row; lane j in the leader's mask = pool row of (token, j) here.
     const uint32_t km = lead ? (uint32_t)__shfl_sync(0xffffffffu, mv, k) : 0u;
     int32_t drow = -1;
@@ -312,18 +294,9 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       load_batch(base);
       store_batch(base);
     }
-    constexpr int kHeld = 32 * kPullScaleRegs;  // scales beyond these (H > 8192) are copied afterwards
-    for (uint32_t m = dmask; m; m &= m - 1) {
-      int32_t* s_dst = reinterpret_cast<int32_t*>(ps + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * S);
-#pragma unroll
-      for (int u = 0; u < kPullScaleRegs; ++u) {
-        const int i = u * 32 + W.lane;
-        if (i < S) s_dst[i] = sv[u];
-      }
-      if (S > kHeld)
-        warp_copy_b32<true>(reinterpret_cast<uint32_t*>(s_dst + kHeld),
-                            reinterpret_cast<const uint32_t*>(s_src + kHeld), (int)(S - kHeld), W.lane);
-    }
+    for (uint32_t m = dmask; m; m &= m - 1)
+      sv.store(reinterpret_cast<int32_t*>(ps + (int64_t)__shfl_sync(0xffffffffu, drow, __ffs(m) - 1) * S), s_src,
+               S, W.lane);
     if (drow >= 0) {
       pw[drow] = wv;
       row_src[drow] = (s * T + tok) * K + W.lane;
@@ -491,25 +464,6 @@ __device__ __forceinline__ void push_bucket_counts(const Workers& W, const SymmL
   }
 }
 
-// One warp copies n16 16-byte vectors of LOCAL read-only data (the user's x) to dst (a peer's pool or
-// the local one): UNROLL loads per lane issued before the batch's stores (ordered volatile loads).
-template <int UNROLL>
-__device__ __forceinline__ void warp_push_v4(int4* dst, const int4* src, int n16, int lane) {
-  for (int base = 0; base < n16; base += 32 * UNROLL) {
-    int4 v[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < n16) v[u] = ptx::ld_v4_local_ordered(src + i);
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < n16) ptx::st_v4(dst + i, v[u]);
-    }
-  }
-}
-
 // Phase B of push mode: every valid (token, k) of this rank, item q = token * K + k, stored into the
 // owner d = e / L at pool row pos[e] + slot: x row (16-byte loads of the user's tensor, 16-byte
 // stores to the owner; d == rank: a plain local copy), scales, weight, row_src, the combine bucket entry
@@ -578,24 +532,11 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
       const int32_t tj = __shfl_sync(0xffffffffu, tok, j);
       const uint64_t dst = peers[dj];
       const int32_t* s_src = reinterpret_cast<const int32_t*>(a.scales) + (int64_t)tj * S;
-      int32_t* s_dst = at<int32_t>(dst, L.off_pool_s) + (int64_t)rj * S;
-      int32_t sv[kPullScaleRegs];
-#pragma unroll
-      for (int u = 0; u < kPullScaleRegs; ++u) {
-        const int i = u * 32 + W.lane;
-        if (i < S) sv[u] = __ldg(s_src + i);
-      }
-      warp_push_v4<UNROLL>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)rj * H),
+      HeldScales<false> sv;
+      sv.load(s_src, S, W.lane);
+      warp_copy_v4<UNROLL, Load::kLocalOrdered>(reinterpret_cast<int4*>(at<uint8_t>(dst, L.off_pool_x) + (int64_t)rj * H),
                            reinterpret_cast<const int4*>(xin + (int64_t)tj * H), (int)(H / 16), W.lane);
-#pragma unroll
-      for (int u = 0; u < kPullScaleRegs; ++u) {
-        const int i = u * 32 + W.lane;
-        if (i < S) s_dst[i] = sv[u];
-      }
-      constexpr int kHeld = 32 * kPullScaleRegs;
-      if (S > kHeld)
-        warp_copy_b32<false>(reinterpret_cast<uint32_t*>(s_dst + kHeld),
-                             reinterpret_cast<const uint32_t*>(s_src + kHeld), (int)(S - kHeld), W.lane);
+      sv.store(at<int32_t>(dst, L.off_pool_s) + (int64_t)rj * S, s_src, S, W.lane);
     }
     // ---- per-row words, lane j for its own row
     if (valid) {

@@ -44,12 +44,13 @@ struct DispatchArgs {
 __device__ __forceinline__ bool sends_slots(const DispatchArgs& a) { return a.push != 1; }
 __device__ __forceinline__ bool keeps_slots(const DispatchArgs& a) { return a.push != 0; }
 
-// Publishes expert e's (clamped) count of this source: the owner's meta_count (by the caller) and, in
-// push / auto mode (a.push != 0), every rank's meta_all[parity][e][rank]; threads i0, i0 + step, ... of
-// the caller's group take the ranks.
+// Publishes expert e's count of this source (total: raw) into every rank's meta_all[parity][e][rank],
+// clamped to max_tokens, in push / auto mode (a.push != 0; the owner's meta_count is the caller's);
+// threads i0, i0 + step, ... of the caller's group take the ranks.
 __device__ __forceinline__ void push_count_all(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
-                                               int e, int32_t count, int i0, int step) {
+                                               int e, int32_t total, int i0, int step) {
   if (!a.push) return;
+  const int32_t count = total < L.max_tokens ? total : L.max_tokens;
   for (int r = i0; r < L.num_ranks; r += step) meta_all(peers[r], L, a.parity)[e * L.num_ranks + L.rank] = count;
 }
 
@@ -61,7 +62,7 @@ __device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
 // Reports a slot overflow; returns the count to publish into the owner's meta_count: the RAW total
 // (v7: the owner clamps it to max_tokens and, seeing a total above, turns the pull dedup off for the
 // call, pool.cuh build_pool_tables; slots >= max_tokens are never stored).
-__device__ __forceinline__ int32_t clamp_count(const SymmLayout& L, int e, int32_t total, const ErrSink& err) {
+__device__ __forceinline__ int32_t checked_count(const SymmLayout& L, int e, int32_t total, const ErrSink& err) {
   if (total > L.max_tokens) report_error(err, SYMM_ERR_SLOT_OVERFLOW, SYMM_PHASE_DISPATCH_SCAN, e, total);
   return total;
 }
@@ -137,7 +138,7 @@ __device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, in
 
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
 // walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
-// Slots at or past L.max_tokens are not written (the caller reports the overflow via clamp_count).
+// Slots at or past L.max_tokens are not written (the caller reports the overflow via checked_count).
 // send: the slots go to the owner as plain ids (pull / auto; no dedup here, kSlotFanOut); my_slots
 // non-null (push / auto): my_slots[id] = slot for every match.
 template <int U, typename IdxT>
@@ -203,8 +204,8 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t total = scratch[W.nwarps];
     if (cnt > 0) write_slots<U, IdxT>(L, peers, a, beg, end, e, W.lane, scratch[W.warp], sends_slots(a), my_slots);
-    if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
-    push_count_all(L, peers, a, e, total < L.max_tokens ? total : L.max_tokens, W.tid(), W.nthreads());
+    if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = checked_count(L, e, total, err);
+    push_count_all(L, peers, a, e, total, W.tid(), W.nthreads());
     W.sync();  // scratch reuse
   }
 }
@@ -223,8 +224,8 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t run = write_slots<U, IdxT>(L, peers, a, 0, N, e, W.lane, 0, sends_slots(a), my_slots);
-    if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = clamp_count(L, e, run, err);
-    push_count_all(L, peers, a, e, run < L.max_tokens ? run : L.max_tokens, W.lane, 32);
+    if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = checked_count(L, e, run, err);
+    push_count_all(L, peers, a, e, run, W.lane, 32);
   }
 }
 
@@ -355,8 +356,8 @@ __device__ __forceinline__ bool push_metadata_onepass(const Workers& W, const Sy
   // 3. column scans of the experts this group owns
   for (int e = g; e < E; e += G) {
     const int32_t total = meta_column_scan(scan + e, E, G, lane);
-    if (lane == 0) meta_count(peers[e / Lx], L, a.parity)[(e % Lx) * L.num_ranks + L.rank] = clamp_count(L, e, total, err);
-    push_count_all(L, peers, a, e, total < L.max_tokens ? total : L.max_tokens, lane, 32);
+    if (lane == 0) meta_count(peers[e / Lx], L, a.parity)[(e % Lx) * L.num_ranks + L.rank] = checked_count(L, e, total, err);
+    push_count_all(L, peers, a, e, total, lane, 32);
   }
   // 4.
   if (!warp_grid_barrier_gpu(bar, g == 0, (uint32_t)G, lane, deadline, err, SYMM_PHASE_DISPATCH_GRID)) return false;
