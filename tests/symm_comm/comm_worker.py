@@ -453,6 +453,18 @@ def run_all(backend, scenarios, res):
             torch.cuda.synchronize()
             dist.barrier()
             big.destroy()
+        # top-6 (K does not divide 32): the one-pass metadata's dedup sends take the owner-mask loads
+        # (metadata.cuh meta_walk, rolled loop) instead of the lane match of K = 8
+        odd = symm_comm.Buffer(None, 8 * R, 256, 6, 420, backend=backend, timeout_s=30.0)
+        try:
+            x6, s6, i6, w6 = make_inputs(rank, 420 - 30 * (rank % 2), 256, 8 * R, 6, gen)
+            i6[::4, 2] = i6[::4, 1]  # duplicates inside a token
+            for layout in ("contiguous", "masked"):
+                one_round(odd, x6, s6, i6, w6, layout, weighted=True, a2a=True)
+        finally:
+            torch.cuda.synchronize()
+            dist.barrier()
+            odd.destroy()
 
     def pool_overflow():
         small = symm_comm.Buffer(None, 3 * R, 256, 3, 40, block_m=16, pool_rows=64, backend=backend, timeout_s=30.0)

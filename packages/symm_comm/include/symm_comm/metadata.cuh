@@ -102,19 +102,26 @@ __device__ __forceinline__ uint32_t owner_kmask(const SymmLayout& L, const void*
   return m;
 }
 
-// Stores id i's slot entry (expert e, slot < max_tokens) and its meta_map entry into e's owner.
-template <typename IdxT>
-__device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a, int e,
-                                          int64_t i, int32_t slot) {
-  const int K = L.topk, Lx = L.num_local_experts, d = e / Lx, le = e % Lx;
-  const int64_t tok = i / K;
-  const int k = (int)(i - tok * K);
-  const uint32_t km = owner_kmask<IdxT>(L, a.topk_idx, tok, d);
+// Stores id i's (= token * K + k, expert e, slot < max_tokens) slot entry and meta_map entry into e's
+// owner, given km = the token's ks owned there (owner_kmask, or the lane match of meta_walk).
+__device__ __forceinline__ void store_slot_entry(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
+                                                 int e, int64_t i, int k, uint32_t km, int32_t slot) {
+  const int Lx = L.num_local_experts, d = e / Lx, le = e % Lx;
   const bool leader = (km & ((1u << k) - 1u)) == 0;     // k <= 31
   const uint32_t higher = km & ~(0xFFFFFFFFu >> (31 - k));  // the token's ks above k at d
   meta_slots(peers[d], L, a.parity, le, L.rank)[slot] =
       !leader ? ~(int32_t)i : (higher ? ((int32_t)i | kSlotFanOut) : (int32_t)i);
   if (!leader || higher) meta_map(peers[d], L, a.parity, L.rank)[i] = leader ? (int32_t)higher : le * L.max_tokens + slot;
+}
+
+// The same for any K: the owner mask from the token's K ids (L1 loads).
+template <typename IdxT>
+__device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a, int e,
+                                          int64_t i, int32_t slot) {
+  const int K = L.topk;
+  const int64_t tok = i / K;
+  const int k = (int)(i - tok * K);
+  store_slot_entry(L, peers, a, e, i, k, owner_kmask<IdxT>(L, a.topk_idx, tok, e / L.num_local_experts), slot);
 }
 
 // m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
@@ -248,8 +255,16 @@ constexpr int kMetaWalkBatch = 8;  // ids loaded per lane per batch: 256 per war
 template <typename IdxT, bool kSlots>
 __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
                                           int64_t beg, int64_t end, int32_t* run, int lane) {
-  const int E = L.num_experts;
+  const int E = L.num_experts, K = L.topk, Lx = L.num_local_experts;
   const uint32_t lt = (1u << lane) - 1u;
+  // K divides 32 (top-1/2/4/8/16/32): every step's 32 ids are 32 / K whole tokens (beg = t0 * K, steps of
+  // 32), lane l holding k = l % K of token-in-step l / K, so a token's owner mask is one __match_any_sync
+  // on (token-in-step, owner): no id loads, no division, sent from inside the walk. Other K: the rolled
+  // send loop below (owner_kmask's loads).
+  const bool lane_tokens = kSlots && sends_slots(a) && (32 % K) == 0;
+  const int kshift = __ffs(K) - 1;  // log2 K when K divides 32
+  const int tk = lane >> kshift, kl = lane & (K - 1);
+  const uint32_t kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
   for (int64_t base = beg; base < end; base += 32 * kMetaWalkBatch) {
     int32_t ev[kMetaWalkBatch];
 #pragma unroll
@@ -266,13 +281,22 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       __syncwarp();  // every lane read run[e] before the step's leader updates it
       if (e >= 0 && (same & lt) == 0) run[e] = before + __popc(same);
       __syncwarp();  // the update is visible to the next step
-      // local inverse map (the push's; here also the input of the sends below)
-      if (kSlots && e >= 0) push_slot(peers[L.rank], L)[base + u * 32 + lane] = before + __popc(same & lt);
+      const int32_t slot = before + __popc(same & lt);
+      if (lane_tokens) {
+        const uint32_t key = e >= 0 ? (((uint32_t)tk << 24) | (uint32_t)(e / Lx)) : (0x80000000u | (uint32_t)lane);
+        const uint32_t grp = __match_any_sync(0xffffffffu, key);  // my token's lanes with my owner
+        if (e >= 0 && slot < L.max_tokens)
+          store_slot_entry(L, peers, a, e, base + u * 32 + lane, kl, (grp >> (tk << kshift)) & kbits, slot);
+        if (e >= 0 && keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
+      } else if (kSlots && e >= 0) {
+        // local inverse map (the push's; here also the input of the sends below)
+        push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
+      }
     }
-    // The sends, NOT unrolled (inlined in each unrolled step, send_slot made the kernel 3x larger and phase A
-    // 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from push_slot (this
-    // thread's own store above).
-    if (kSlots && sends_slots(a)) {
+    // The sends for other K, NOT unrolled (inlined in each unrolled step, send_slot made the kernel 3x
+    // larger and phase A 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from push_slot
+    // (this thread's own store above).
+    if (kSlots && sends_slots(a) && !lane_tokens) {
 #pragma unroll 1
       for (int u = 0; u < kMetaWalkBatch; ++u) {
         const int64_t i = base + u * 32 + lane;
