@@ -35,8 +35,9 @@ for s in "${steps[@]}"; do
         # threshold so its calls take both paths (1 and 37 tokens pull, 600 push; 600 x top-4 = 2400 ids: the
         # dedup pull kernel in the pull run). API errors are not
         # reported: NCCL init and torch's allocator probe unsupported calls on purpose (36 lines, d8dda90).
+        # The ranks are spawned child processes: --target-processes all (explicit, whatever the default).
         for env in "SYMM_DISPATCH_PUSH=0" "SYMM_DISPATCH_PUSH=2 SYMM_PUSH_MIN_TOKENS=100"; do
-          env $env timeout "$T" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
+          env $env timeout "$T" compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
             python3 bench/profile_comm.py 1 37 600 >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); grep -E "SUMMARY|Error|wrong" "$OUT/sanitize_$tool.log" | tail -2
           echo "sanitize $tool (symm_comm $env) rc=$r"
