@@ -313,12 +313,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
   // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.
   const bool dynamic = pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps();
-#ifdef SYMM_PULL_SPLIT_LOOPS  // measurement variant: the row body inlined twice, ctr a constant in each
-  if (dynamic) for_each_pool_row(W, L, t, pull_ctr, one_row);
-  else for_each_pool_row(W, L, t, nullptr, one_row);
-#else
   for_each_pool_row(W, L, t, dynamic ? pull_ctr : nullptr, one_row);
-#endif
 }
 
 

@@ -158,11 +158,7 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
 #pragma unroll
     for (int u = 0; u < U; ++u) bits |= (uint32_t)m[u] << u;
     // The slot stores rolled: one copy of the body (pool.cuh "Code size"); the loads above stay batched.
-#ifdef SYMM_META_UNROLLED_SLOTS  // measurement variant: the 16 steps inlined (as before the code-size change)
-#pragma unroll
-#else
 #pragma unroll 1
-#endif
     for (int u = 0; u < U; ++u) {
       const bool mu = (bits >> u) & 1u;
       const uint32_t b = __ballot_sync(0xffffffffu, mu);
