@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
   if (st0) stamp(local, L, 0);
-  // Pull work counters (pool.cuh, for_each_pool_row_dynamic): this call uses [parity]; CTA 0 zeroes
+  // Pull work counters (pool.cuh, for_each_pool_row, counter mode): this call uses [parity]; CTA 0 zeroes
   // [parity ^ 1] for the next call. Race-free: no CTA of this call touches [parity ^ 1]; the previous
   // call (the last user of it) completed before this kernel started, and the next call (its next user)
   // starts after this kernel completed (stream order: the epoch protocol already needs calls in stream
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pad_blocks(W, L, local, t);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
-                               pull_dynamic ? pull_counter(local, L, a.parity) : nullptr, pull_dynamic);
+                               pull_dynamic ? pull_counter(local, L, a.parity) : nullptr);
       }
     }
   }
@@ -227,10 +227,9 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   const int64_t need = kind != SYMM_KIND_PULL ? push_tables : tables;
   const size_t smem = (size_t)(onepass && meta > need ? meta : need) * 4;
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
-  // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row_dynamic);
-  // 2: two items per grab (at R = 2 one row of each source; half the atomics).
-  static const int pull_env = symm_host::env_int("SYMM_PULL_DYNAMIC", 1);
-  static const int pull_dynamic = pull_env <= 0 ? 0 : (pull_env >= 2 ? 2 : 1);
+  // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row, counter mode).
+  // (2, two items per grab, was dropped with the single-copy row loop: it measured no better.)
+  static const int pull_dynamic = symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0;
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool plain = (int64_t)num_tokens * L.topk <= symm::kMetaWarpMaxIds;
   using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);

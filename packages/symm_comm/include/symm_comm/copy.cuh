@@ -103,6 +103,7 @@ __device__ __forceinline__ void grid_copy_bytes(void* dst, const void* src, int6
   }
   const uint32_t* s4 = reinterpret_cast<const uint32_t*>(src);
   uint32_t* d4 = reinterpret_cast<uint32_t*>(dst);
+#pragma unroll 1
   for (int64_t i = n16 * 4 + gtid; i < nbytes / 4; i += gthreads) d4[i] = __ldg(s4 + i);
 }
 

@@ -61,14 +61,18 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
   const int64_t T = a.num_tokens, H = L.hidden, K = L.topk, S = L.scale_cols;
   const int64_t gt = st.gt, nt = st.nt;
   if constexpr (kCopy) {
-    uint8_t* sx = stage_x(local, L, a.parity);
-    if (a.x != sx) grid_copy_bytes(sx, a.x, T * H, gt, nt);
-    float* ss = stage_s(local, L, a.parity);
-    if (a.scales != ss) grid_copy_bytes(ss, a.scales, T * S * 4, gt, nt);
     float* sw = stage_w(local, L, a.parity);
-    if (a.topk_w) {
-      if (a.topk_w != sw) grid_copy_bytes(sw, a.topk_w, T * K * 4, gt, nt);
-    } else {
+    // x, scales, weights through ONE inlined copy loop (pool.cuh "Code size"); a source already in
+    // place (the caller staged into the buffer itself) is skipped.
+#pragma unroll 1
+    for (int j = 0; j < 3; ++j) {
+      void* dst = j == 0 ? (void*)stage_x(local, L, a.parity) : j == 1 ? (void*)stage_s(local, L, a.parity) : (void*)sw;
+      const void* src = j == 0 ? a.x : j == 1 ? (const void*)a.scales : (const void*)a.topk_w;
+      const int64_t bytes = j == 0 ? T * H : j == 1 ? T * S * 4 : T * K * 4;
+      if (src && src != dst) grid_copy_bytes(dst, src, bytes, gt, nt);
+    }
+    if (!a.topk_w) {
+#pragma unroll 1
       for (int64_t i = gt; i < T * K; i += nt) sw[i] = 0.f;
     }
   }
@@ -154,6 +158,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
+#pragma unroll 1
   for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
@@ -161,6 +166,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
     if (empty) {
       pad = bm;
     } else {
+#pragma unroll 1
       for (int i = W.lane; i < bm; i += 32) {
         const int32_t r = (int32_t)(r0 + i);
         if (!pool_row_valid(L, t, r)) {
@@ -182,7 +188,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   }
 }
 
-// Phase B: pull every row this rank owns, sources interleaved (for_each_pool_row_interleaved). The scale and weight loads
+// Phase B: pull every row this rank owns, sources interleaved (pool.cuh for_each_pool_row). The scale and weight loads
 // are issued before the row's, and with 32 * 16 * UNROLL >= H bytes the whole row is one batch: one
 // NVLink round trip per row instead of one per batch plus one each for scales and weight.
 // Dedup (layout v7, metadata.cuh send_slot): only a token's LEADER row at this rank is pulled; its
@@ -191,9 +197,9 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // arrival bump). Non-leader items return after one local load. kNoDedup (a slot overflow this call):
 // every row copies itself, as before v7.
 
-// pull_ctr: null = static distribution (for_each_pool_row_interleaved, SYMM_PULL_DYNAMIC=0); else the
-// dynamic one (for_each_pool_row_dynamic) when there are more than 2 work items per warp, pull_chunk
-// (1 or 2) items per grab; pull_ctr = this call's counter (pull_counter(), zero at the call's start; a
+// pull_ctr: null = static distribution (for_each_pool_row static stride, SYMM_PULL_DYNAMIC=0); else the
+// counter mode (one item per grab) when there are more than 2 work items per warp; pull_ctr = this
+// call's counter (pull_counter(), zero at the call's start; a
 // fused kernel that passes one must keep that rule: a counter left non-zero makes warps skip rows, and
 // the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
 // kDedup = false: the plain pull of one row per pool row (every entry decoded, fan-out flags ignored:
@@ -201,8 +207,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // the sources send plain ids anyway and one round trip per row is the latency that counts.
 template <int UNROLL, bool kDedup = true>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
-                                          const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr,
-                                          int pull_chunk = 1) {
+                                          const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr) {
   const int K = L.topk, T = L.max_tokens, Lx = L.num_local_experts, R = L.num_ranks;
   const int64_t H = L.hidden, S = L.scale_cols;
   const int n16 = (int)(H / 16);
@@ -307,12 +312,8 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
   };
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
   // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.
-  if (pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps()) {
-    if (pull_chunk == 2) for_each_pool_row_dynamic<2>(W, L, t, pull_ctr, one_row);
-    else for_each_pool_row_dynamic<1>(W, L, t, pull_ctr, one_row);
-  } else {
-    for_each_pool_row_interleaved(W, L, t, one_row);
-  }
+  const bool dynamic = pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps();
+  for_each_pool_row(W, L, t, dynamic ? pull_ctr : nullptr, one_row);
 }
 
 

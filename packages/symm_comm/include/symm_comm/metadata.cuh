@@ -145,20 +145,27 @@ template <int U, typename IdxT>
 __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
                                                int64_t beg, int64_t end, int e, int lane, int32_t run, bool send,
                                                int32_t* my_slots = nullptr) {
+  static_assert(U <= 32, "the batch's matches are packed into one 32-bit word");
   const void* topk_idx = a.topk_idx;
   const uint32_t lt = (1u << lane) - 1u;
   int32_t* slots = send ? meta_slots(peers[e / L.num_local_experts], L, a.parity, e % L.num_local_experts, L.rank)
                         : nullptr;
+#pragma unroll 1
   for (int64_t base = beg; base < end; base += 32 * U) {
     bool m[U];
-    match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);
+    match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);  // the U loads in flight together
+    uint32_t bits = 0;
 #pragma unroll
+    for (int u = 0; u < U; ++u) bits |= (uint32_t)m[u] << u;
+    // The slot stores rolled: one copy of the body (pool.cuh "Code size"); the loads above stay batched.
+#pragma unroll 1
     for (int u = 0; u < U; ++u) {
-      const uint32_t b = __ballot_sync(0xffffffffu, m[u]);
+      const bool mu = (bits >> u) & 1u;
+      const uint32_t b = __ballot_sync(0xffffffffu, mu);
       const int32_t slot = run + __popc(b & lt);
       // plain ids: no dedup on the small-T paths (kSlotFanOut)
-      if (m[u] && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
-      if (m[u] && my_slots) my_slots[base + u * 32 + lane] = slot;
+      if (mu && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
+      if (mu && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
     }
   }
@@ -273,9 +280,13 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       const int64_t e = i < end ? load_idx<IdxT>(a.topk_idx, i) : -1;
       ev[u] = (e >= 0 && e < E) ? (int32_t)e : -1;  // invalid ids (-1, out of range: reported by kmask) skip
     }
-#pragma unroll
+    // Rolled (pool.cuh "Code size": 8 inlined copies of the step were ~1000 SASS instructions that run
+    // once per call): the batch shifts down one register per step instead of being indexed.
+#pragma unroll 1
     for (int u = 0; u < kMetaWalkBatch; ++u) {
-      const int32_t e = ev[u];
+      const int32_t e = ev[0];
+#pragma unroll
+      for (int v = 0; v + 1 < kMetaWalkBatch; ++v) ev[v] = ev[v + 1];
       const uint32_t same = __match_any_sync(0xffffffffu, e);
       const int32_t before = e >= 0 ? run[e] : 0;
       __syncwarp();  // every lane read run[e] before the step's leader updates it
@@ -321,11 +332,14 @@ __device__ __forceinline__ int32_t meta_column_scan(int32_t* col, int64_t stride
     v[u] = g < G ? ptx::ld_relaxed_gpu_s32(col + g * stride) : 0;
   }
   int32_t carry = 0;
-#pragma unroll
+#pragma unroll 1  // rolled, the values shift down one register per step (see meta_walk)
   for (int u = 0; u < kRegs; ++u) {
-    const int32_t incl = warp_inclusive_scan(v[u], lane);
+    const int32_t x = v[0];
+#pragma unroll
+    for (int w = 0; w + 1 < kRegs; ++w) v[w] = v[w + 1];
+    const int32_t incl = warp_inclusive_scan(x, lane);
     const int g = u * 32 + lane;
-    if (g < G) col[g * stride] = carry + incl - v[u];
+    if (g < G) col[g * stride] = carry + incl - x;
     carry += __shfl_sync(0xffffffffu, incl, 31);
   }
   return carry;
