@@ -4,9 +4,13 @@ at its end, kernel B's CTA 0 stamps at its start; gap = B.start - A.end. Variant
 threads / 512 threads + 100 KB dynamic shared memory, 1 CTA per SM: the symm_comm kernels' shape), with
 and without a CUDA event recorded between the two (bench/comm.py records one after every call), and
 the host enqueuing ahead (stream parked on a sleep kernel first) as in common.time_cuda_sequence.
-Run on one GPU: python3 bench/launch_gap_probe.py"""
+Last rows: programmatic dependent launch (cuLaunchKernelEx with the programmatic-stream-serialization
+attribute; A calls griddepcontrol.launch_dependents at its start, B griddepcontrol.wait after its start
+stamp): B's first instruction and B after its wait, against A's end; once plain, once with the
+cooperative attribute too (our kernels' launch). Run on one GPU: python3 bench/launch_gap_probe.py"""
 from __future__ import annotations
 
+import ctypes
 import statistics
 
 import cupy as cp
@@ -30,12 +34,61 @@ extern "C" __global__ void stampk(unsigned long long* st, unsigned int* ctr, int
     }
   }
 }
+extern "C" __global__ void stampk_pdl(unsigned long long* st, unsigned int* ctr, int which, int work) {
+  extern __shared__ int smem[];
+  unsigned long long t;
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (blockIdx.x == 0 && threadIdx.x == 0) st[2 * which] = t;
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (blockIdx.x == 0 && threadIdx.x == 0) st[8 + which] = t;
+  float x = threadIdx.x;
+  for (int i = 0; i < work; ++i) x = x * 0.999f + 1.0f;
+  if (x == -1.f) smem[threadIdx.x] = 1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(ctr + which, 1u) == gridDim.x - 1) {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      st[2 * which + 1] = t;
+      ctr[which] = 0u;
+    }
+  }
+}
 extern "C" __global__ void park(unsigned long long ns) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
 """
+
+
+class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _Config(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("gx", ctypes.c_uint), ("gy", ctypes.c_uint), ("gz", ctypes.c_uint), ("bx", ctypes.c_uint),
+                ("by", ctypes.c_uint), ("bz", ctypes.c_uint), ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attr)), ("nattrs", ctypes.c_uint)]
+
+
+def _launch_ex(fn_ptr, grid, block, smem, stream_ptr, args, attrs):
+    """cuLaunchKernelEx through ctypes; args: ctypes scalars; attrs: [(id, int value)]."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    arr = (_Attr * max(len(attrs), 1))()
+    for i, (aid, val) in enumerate(attrs):
+        arr[i].id, arr[i].value = aid, val
+    cfg = _Config(grid, 1, 1, block, 1, 1, smem, ctypes.c_void_p(stream_ptr), arr, len(attrs))
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    rc = cuda.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(fn_ptr), params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx: CUresult {rc}")
+
+
+def _fn_ptr(f):
+    return f.kernel.ptr if hasattr(f, "kernel") else f.ptr
 
 
 def main():
@@ -69,6 +122,32 @@ def main():
                     durs.append((s[1] - s[0]) / 1e3)
             print(f"| {threads} thr, {smem // 1024} KB smem | {'yes' if ev_between else 'no'} | "
                   f"{statistics.median(gaps):.2f} | {statistics.median(durs):.2f} |", flush=True)
+
+    # Programmatic dependent launch, 512 threads + 100 KB (the symm_comm shape), no event between.
+    kp = mod.get_function("stampk_pdl")
+    smem = 100 * 1024
+    kp.max_dynamic_shared_size_bytes = smem
+    fp = _fn_ptr(kp)
+    print("| PDL variant | B first instruction - A end us | B after griddepcontrol.wait - A end us |")
+    print("|---|---|---|")
+    for name, extra in (("PDL", []), ("PDL + cooperative", [(2, 1)])):
+        try:
+            starts, waits = [], []
+            for rep in range(60):
+                with stream:
+                    park((1,), (1,), (cp.uint64(2_000_000),))
+                for which, attrs in ((0, extra), (1, extra + [(6, 1)])):
+                    args = [ctypes.c_uint64(st.data.ptr), ctypes.c_uint64(ctr.data.ptr), ctypes.c_int(which),
+                            ctypes.c_int(2000)]
+                    _launch_ex(fp, sms, 512, smem, stream.ptr, args, attrs)
+                stream.synchronize()
+                s = [int(v) for v in st.get()]
+                if rep >= 10:
+                    starts.append((s[2] - s[1]) / 1e3)
+                    waits.append((s[9] - s[1]) / 1e3)
+            print(f"| {name} | {statistics.median(starts):.2f} | {statistics.median(waits):.2f} |", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"| {name} | failed: {e} | |", flush=True)
 
 
 if __name__ == "__main__":
