@@ -16,35 +16,21 @@ import statistics
 import cupy as cp
 
 SRC = r"""
-extern "C" __global__ void stampk(unsigned long long* st, unsigned int* ctr, int which, int work) {
+// pdl != 0 (the programmatic-dependent-launch rows): launch dependents at once, stamp the first
+// instruction (st[2 which]), then griddepcontrol.wait and stamp again (st[8 + which]).
+extern "C" __global__ void stampk(unsigned long long* st, unsigned int* ctr, int which, int work, int pdl) {
   extern __shared__ int smem[];
   unsigned long long t;
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   if (blockIdx.x == 0 && threadIdx.x == 0) st[2 * which] = t;
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (blockIdx.x == 0 && threadIdx.x == 0) st[8 + which] = t;
+  }
   float x = threadIdx.x;
   for (int i = 0; i < work; ++i) x = x * 0.999f + 1.0f;   // a little work so the CTAs overlap
-  if (x == -1.f) smem[threadIdx.x] = 1;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(ctr + which, 1u) == gridDim.x - 1) {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      st[2 * which + 1] = t;
-      ctr[which] = 0u;
-    }
-  }
-}
-extern "C" __global__ void stampk_pdl(unsigned long long* st, unsigned int* ctr, int which, int work) {
-  extern __shared__ int smem[];
-  unsigned long long t;
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  if (blockIdx.x == 0 && threadIdx.x == 0) st[2 * which] = t;
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  if (blockIdx.x == 0 && threadIdx.x == 0) st[8 + which] = t;
-  float x = threadIdx.x;
-  for (int i = 0; i < work; ++i) x = x * 0.999f + 1.0f;
   if (x == -1.f) smem[threadIdx.x] = 1;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -111,10 +97,10 @@ def main():
             for rep in range(60):
                 with stream:
                     park((1,), (1,), (cp.uint64(2_000_000),))  # host enqueues the pair meanwhile
-                    k((sms,), (threads,), (st, ctr, cp.int32(0), cp.int32(2000)), shared_mem=smem)
+                    k((sms,), (threads,), (st, ctr, cp.int32(0), cp.int32(2000), cp.int32(0)), shared_mem=smem)
                     if ev_between:
                         cp.cuda.Event().record(stream)
-                    k((sms,), (threads,), (st, ctr, cp.int32(1), cp.int32(2000)), shared_mem=smem)
+                    k((sms,), (threads,), (st, ctr, cp.int32(1), cp.int32(2000), cp.int32(0)), shared_mem=smem)
                 stream.synchronize()
                 s = [int(v) for v in st.get()]
                 if rep >= 10:
@@ -123,11 +109,10 @@ def main():
             print(f"| {threads} thr, {smem // 1024} KB smem | {'yes' if ev_between else 'no'} | "
                   f"{statistics.median(gaps):.2f} | {statistics.median(durs):.2f} |", flush=True)
 
-    # Programmatic dependent launch, 512 threads + 100 KB (the symm_comm shape), no event between.
-    kp = mod.get_function("stampk_pdl")
+    # Programmatic dependent launch, 512 threads + 100 KB (the symm_comm shape; its smem attribute is
+    # set above), no event between.
     smem = 100 * 1024
-    kp.max_dynamic_shared_size_bytes = smem
-    fp = _fn_ptr(kp)
+    fp = _fn_ptr(k)
     print("| PDL variant | B first instruction - A end us | B after griddepcontrol.wait - A end us |")
     print("|---|---|---|")
     for name, extra in (("PDL", []), ("PDL + cooperative", [(2, 1)])):
@@ -138,7 +123,7 @@ def main():
                     park((1,), (1,), (cp.uint64(2_000_000),))
                 for which, attrs in ((0, extra), (1, extra + [(6, 1)])):
                     args = [ctypes.c_uint64(st.data.ptr), ctypes.c_uint64(ctr.data.ptr), ctypes.c_int(which),
-                            ctypes.c_int(2000)]
+                            ctypes.c_int(2000), ctypes.c_int(1)]
                     _launch_ex(fp, sms, 512, smem, stream.ptr, args, attrs)
                 stream.synchronize()
                 s = [int(v) for v in st.get()]

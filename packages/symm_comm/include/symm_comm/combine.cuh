@@ -61,14 +61,14 @@ __device__ __forceinline__ void build_combine_schedule(const Workers& W, const S
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t* hg = cmb_hist(local, L);
   const int32_t cap = chunk * L.topk;  // a bucket never holds more (one row per (token, k))
-  #pragma unroll 1  // runs once per call: rolled (pool.cuh "Code size")
+#pragma unroll 1  // runs once per call: rolled (pool.cuh "Code size")
   for (int i = W.tid(); i < R * C; i += W.nthreads()) s.hist[i] = min(max(ptx::ld_relaxed_sys_s32(hg + i), 0), cap);
   if (W.tid() == 0) s.scratch[CombineSchedule::kTotalPush] = s.scratch[CombineSchedule::kChunksUsed] = 0;
   W.sync();
-  #pragma unroll 1
+#pragma unroll 1
   for (int c = W.tid(); c < C; c += W.nthreads()) {
     int32_t p = 0;
-    #pragma unroll 1
+#pragma unroll 1
     for (int r = 0; r < R; ++r) p += s.hist[r * C + c];
     s.psz[c] = p;
     if (p) {

@@ -7,8 +7,9 @@
 // enumerate work source-interleaved: work item q -> (source, j-th row of that source).
 // Code size: code that runs once per call (these tables, the scans) is kept rolled (#pragma unroll 1)
 // and the pull's per-row body is inlined once. Measured on H200 (bench/icache_probe.py): an SM runs
-// straight-line code it has not cached at only ~4-10 KB of SASS per us, and a small dispatch executes
-// ~100 KB of it once; ncu put "no instruction" at 19-31 % of the small dispatch's stall samples.
+// straight-line code it has not cached at only ~4-10 KB of SASS per us; the dispatch kernels had grown
+// to 205-308 KB. Halving them gave -0.6..-0.8 us per 1-token call (L2 stays warm across calls), so
+// this is about not letting the code grow back, not a large speed lever.
 #pragma once
 #include <stdint.h>
 #include "symm_comm/layout.cuh"
@@ -203,8 +204,9 @@ __device__ __forceinline__ void pool_item(const SymmLayout& L, const PoolTables&
 // order (pool_item): the warps in flight at any time spread over all sources, so every NVLink link
 // stays busy. Two ways to hand out the items, one loop (fn is inlined ONCE: see "Code size" above):
 //   ctr == nullptr: static stride, warp w takes items w, w + total_warps, ...
-//   ctr != nullptr: warps grab one item at a time from a local counter (dispatch's pull). Why: the static stride (total warps) is a multiple of R on every usual grid (132 CTAs x 16
-//     warps), so a warp always pulls from ONE source: for R = 2 half the warps copy only local rows
+//   ctr != nullptr: warps grab one item at a time from a local counter (dispatch's pull). Why: the
+//     static stride (total warps) is a multiple of R on every usual grid (132 CTAs x 16 warps), so a
+//     warp always pulls from ONE source: for R = 2 half the warps copy only local rows
 //     (HBM, done early) and the remote rows are split statically over the other half; a warp that the
 //     fabric serves slowly cannot hand its rows to one that is served fast (measured: CTA finish times
 //     spread 224..400 us at 4096 tokens). With the counter every warp pulls from every source and the
