@@ -124,16 +124,25 @@ __device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* p
   store_slot_entry(L, peers, a, e, i, k, owner_kmask<IdxT>(L, a.topk_idx, tok, e / L.num_local_experts), slot);
 }
 
-// m[u]: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of loads, shared
-// by the count pass and the slot pass of push_metadata.
+// Bit u of the result: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of
+// loads, shared by the count pass and the slot pass of push_metadata; base < end.
+// Every load is unconditional (index clamped to end - 1) into its own register, so the U loads issue back
+// to back: one latency per batch. Written as `m[u] = i < end && load(i) == e`, ptxas serialised them
+// (each compare before the next load, one register reused): U dependent round trips per batch, 9 us of
+// the 128-token dispatch's phase A on 2 x H200 (per-CTA stamps, perf notes "Metadata loads").
 template <int U, typename IdxT>
-__device__ __forceinline__ void match_ids(const void* topk_idx, int64_t base, int64_t end, int e, int lane,
-                                          bool (&m)[U]) {
+__device__ __forceinline__ uint32_t match_ids(const void* topk_idx, int64_t base, int64_t end, int e, int lane) {
+  static_assert(U <= 32, "the batch's matches are packed into one 32-bit word");
+  IdxT v[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int64_t i = base + u * 32 + lane;
-    m[u] = i < end && load_idx<IdxT>(topk_idx, i) == e;
+    v[u] = __ldg(reinterpret_cast<const IdxT*>(topk_idx) + (i < end ? i : end - 1));
   }
+  uint32_t bits = 0;
+#pragma unroll
+  for (int u = 0; u < U; ++u) bits |= (uint32_t)(base + u * 32 + lane < end && (int64_t)v[u] == e) << u;
+  return bits;
 }
 
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
@@ -152,11 +161,7 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
                         : nullptr;
 #pragma unroll 1
   for (int64_t base = beg; base < end; base += 32 * U) {
-    bool m[U];
-    match_ids<U, IdxT>(topk_idx, base, end, e, lane, m);  // the U loads in flight together
-    uint32_t bits = 0;
-#pragma unroll
-    for (int u = 0; u < U; ++u) bits |= (uint32_t)m[u] << u;
+    const uint32_t bits = match_ids<U, IdxT>(topk_idx, base, end, e, lane);  // the U loads in flight together
     // The slot stores rolled: one copy of the body (pool.cuh "Code size"); the loads above stay batched.
 #pragma unroll 1
     for (int u = 0; u < U; ++u) {
@@ -190,10 +195,9 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     // pass 1: count
     int32_t cnt = 0;
     for (int64_t base = beg; base < end; base += 32 * U) {
-      bool m[U];
-      match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane, m);
+      const uint32_t bits = match_ids<U, IdxT>(a.topk_idx, base, end, e, W.lane);
 #pragma unroll
-      for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, m[u]));
+      for (int u = 0; u < U; ++u) cnt += __popc(__ballot_sync(0xffffffffu, (bits >> u) & 1u));
     }
     if (W.lane == 0) scratch[W.warp] = cnt;
     W.sync();
