@@ -37,7 +37,7 @@ WORLDS = [pytest.param(1, marks=pytest.mark.gpu, id="1rank"),
           pytest.param(max(NG, 2), marks=pytest.mark.multigpu, id="allranks")]
 BACKENDS = ["torch", pytest.param("nvshmem", marks=pytest.mark.skipif(not _nvshmem_ok(), reason="no nvshmem4py"))]
 
-SCENARIOS = ["basic,few_sms,zero_tokens,one_expert,bad_expert,bad_args,cupy,large",
+SCENARIOS = ["basic,few_sms,zero_tokens,one_expert,bad_expert,bad_args,cupy,cuda_graph,large",
              "many_calls", "pool_overflow,timeout"]
 
 
