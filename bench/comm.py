@@ -6,6 +6,8 @@ Times: CUDA events, median after warm-up, routing rotated over --rotations fresh
   symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead: the
                   number a CUDA graph sees); max over ranks of the per-rank median.
   symm_*_host_us: one call timed alone from Python (validation + ctypes launch + kernel).
+  symm_*_graph_us: per call under CUDA-graph replay of the rotated dispatch + combine pairs (one graph
+                  launch for all of them: the launch gaps a captured decode step sees).
   nccl_*_us     : all_to_all_single exchange (counts exchange + host sync for the splits + rows),
                   timed per call; max over ranks.
 Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
@@ -228,6 +230,7 @@ def _run(rank, R, args):
             buf.combine(eo, it["h"])
             it["i"] += 1
 
+        dg, cg = _graph_times(buf, rots, eo, args.reps)
         dist.barrier()
         d_host = time_cuda(host_pair_d, warmup=3, reps=args.reps, setup=lambda i: (host_pair_c(), dist.barrier()))
         dist.barrier()
@@ -254,6 +257,7 @@ def _run(rank, R, args):
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
+            "symm_dispatch_graph_us": dg * 1e6, "symm_combine_graph_us": cg * 1e6,
             "nccl_dispatch_us": n_d * 1e6, "nccl_combine_us": n_c * 1e6,
             "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
             "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
@@ -261,6 +265,49 @@ def _run(rank, R, args):
         })
     buf.destroy()
     return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
+
+
+def _graph_times(buf, rots, eo, reps):
+    """Per-call GPU time under CUDA-graph replay (what a graph-captured decode step sees): one graph of
+    the rotated routings' dispatch + combine pairs, one of the dispatches alone; replay time / pairs =
+    per pair and per dispatch, combine = the difference. Median over `reps` replays (both ranks replay
+    together; their kernels synchronise with each other). (nan, nan) if the capture fails."""
+    n = len(rots)
+    try:
+        torch.cuda.synchronize()
+        dist.barrier()
+        g_pair, g_disp = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_pair):
+            for i in range(n):
+                h = buf.dispatch(*rots[i], check=False)[-1]
+                buf.combine(eo, h, check=False)
+        with torch.cuda.graph(g_disp):
+            for i in range(n):
+                buf.dispatch(*rots[i], check=False)
+        torch.cuda.synchronize()
+        buf.check_errors()
+        out = []
+        for g in (g_pair, g_disp):
+            for _ in range(3):
+                g.replay()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1e-3 / n)
+            out.append(statistics.median(times))
+        buf.check_errors()
+        del g_pair, g_disp
+        return out[1], out[0] - out[1]
+    except Exception as e:  # noqa: BLE001  (a failed capture must not lose the other columns)
+        print(f"rank {buf.rank}: CUDA-graph timing failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        torch.cuda.synchronize()
+        return float("nan"), float("nan")
 
 
 def main():
@@ -304,7 +351,7 @@ def main():
         per = [results[r]["rows"][i] for r in sorted(results)]
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
-                  "nccl_dispatch_us", "nccl_combine_us"):
+                  "symm_dispatch_graph_us", "symm_combine_graph_us", "nccl_dispatch_us", "nccl_combine_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
         cb = max(p["combine_bytes"] for p in per)
@@ -324,7 +371,8 @@ def main():
                    "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
-            "symm_dispatch_host_us", "symm_combine_host_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
+            "symm_dispatch_host_us", "symm_combine_host_us", "symm_dispatch_graph_us", "symm_combine_graph_us",
+            "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
     write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)
