@@ -156,6 +156,27 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[float]:
+    """Seconds of the WHOLE back-to-back sequence per rep, events only before the first and after the
+    last call (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an H200:
+    bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels)."""
+    for r in range(warmup):
+        for f in fns:
+            f(r)
+    torch.cuda.synchronize()
+    out = []
+    for r in range(reps):
+        _hold_stream(hold_ms)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for f in fns:
+            f(r)
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3)
+    return out
+
+
 def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[float]]:
     """Seconds of each callable in `fns` when they run BACK TO BACK on the current stream, per rep:
     returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so

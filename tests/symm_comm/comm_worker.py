@@ -177,7 +177,10 @@ def check_dispatch(buf, outs, inputs_all, masked, T_max):
     valid[rows] = True
     assert bool((buf.row_src[:used][~valid] == -1).all()), "padding rows must have row_src == -1"
     # arrival counters: every block complete for this epoch
-    target = (h.epoch * buf.block_m) & 0xFFFFFFFF
+    # (the device's epoch; the handle's host mirror must equal it, None only for a captured dispatch)
+    dev_epoch = int(buf.epochs[0].item())
+    assert h.epoch is None or h.epoch == dev_epoch, f"handle epoch {h.epoch} != device epoch {dev_epoch}"
+    target = (dev_epoch * buf.block_m) & 0xFFFFFFFF
     arr = buf.arrivals.long() & 0xFFFFFFFF
     assert bool((arr == target).all()), f"arrivals {arr[:8].tolist()} != {target}"
     if masked:
