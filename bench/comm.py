@@ -3,15 +3,14 @@ copy bandwidth measured in the same run. One process per visible GPU (the rank c
 the machine). H 7168, 256 experts, top-8; tokens per rank 1, 128, 4096 (override with --tokens).
 
 Times: CUDA events, median after warm-up, routing rotated over --rotations fresh draws.
-  symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead: the
-                  number a CUDA graph sees); max over ranks of the per-rank median.
+  symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead), an event
+                  recorded after every call; max over ranks of the per-rank median.
   symm_*_host_us: one call timed alone from Python (validation + ctypes launch + kernel).
-  symm_pair_seq_us: one dispatch + combine pair when the whole rotated sequence is timed with events
-                  at its ends only (an event after every call costs ~3 us of GPU time: launch_gap_probe.py).
+  symm_pair_seq_us: one dispatch + combine pair in a back-to-back sequence of 4 x the rotated pairs with
+                  events only after its first pair and at its end (an event after every call costs ~3 us of
+                  GPU time: launch_gap_probe.py; the first pair absorbs the ranks' start skew).
   symm_*_seq_us : per call from that: symm_*_us less half of (dispatch + combine - pair), the per-call
                   event cost (the probe measured it the same for both kernel shapes).
-  symm_*_graph_us: (--graph) per call under CUDA-graph replay of the rotated dispatch + combine pairs (one
-                  graph launch for all of them: the launch gaps a captured decode step sees).
   nccl_*_us     : all_to_all_single exchange (counts exchange + host sync for the splits + rows),
                   timed per call; max over ranks.
 Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
@@ -229,7 +228,8 @@ def _run(rank, R, args):
         c_times = [t for rep in tt for t in rep[1::2]]
         # The same sequence with events only at its ends: per pair, without the per-call event cost.
         dist.barrier()
-        pair_seq = statistics.median(time_cuda_sequence_total(fns, warmup=1, reps=args.reps)) / npairs
+        seq_pairs = 4 * npairs
+        pair_seq = statistics.median(time_cuda_sequence_total(fns * 4, warmup=1, reps=args.reps, skip=2)) / (seq_pairs - 1)
         buf.check_errors()
         # host-inclusive single calls
         it = {"i": 0, "h": buf.dispatch(*rots[0])[-1]}
@@ -241,7 +241,6 @@ def _run(rank, R, args):
             buf.combine(eo, it["h"])
             it["i"] += 1
 
-        dg, cg = _graph_times(buf, rots, eo, args.reps) if args.graph else (float("nan"), float("nan"))
         dist.barrier()
         d_host = time_cuda(host_pair_d, warmup=3, reps=args.reps, setup=lambda i: (host_pair_c(), dist.barrier()))
         dist.barrier()
@@ -268,7 +267,6 @@ def _run(rank, R, args):
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
-            "symm_dispatch_graph_us": dg * 1e6, "symm_combine_graph_us": cg * 1e6,
             "symm_pair_seq_us": pair_seq * 1e6,
             # per call without the per-call event: the event cost (d + c - pair) / 2 taken off each
             "symm_dispatch_seq_us": (med(d_times) - (med(d_times) + med(c_times) - pair_seq) / 2) * 1e6,
@@ -282,53 +280,9 @@ def _run(rank, R, args):
     return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
 
 
-def _graph_times(buf, rots, eo, reps):
-    """Per-call GPU time under CUDA-graph replay (what a graph-captured decode step sees): one graph of
-    the rotated routings' dispatch + combine pairs, one of the dispatches alone; replay time / pairs =
-    per pair and per dispatch, combine = the difference. Median over `reps` replays (both ranks replay
-    together; their kernels synchronise with each other). (nan, nan) if the capture fails."""
-    n = len(rots)
-    try:
-        torch.cuda.synchronize()
-        dist.barrier()
-        g_pair, g_disp = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g_pair):
-            for i in range(n):
-                h = buf.dispatch(*rots[i], check=False)[-1]
-                buf.combine(eo, h, check=False)
-        with torch.cuda.graph(g_disp):
-            for i in range(n):
-                buf.dispatch(*rots[i], check=False)
-        torch.cuda.synchronize()
-        buf.check_errors()
-        out = []
-        for g in (g_pair, g_disp):
-            for _ in range(3):
-                g.replay()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                dist.barrier()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) * 1e-3 / n)
-            out.append(statistics.median(times))
-        buf.check_errors()
-        del g_pair, g_disp
-        return out[1], out[0] - out[1]
-    except Exception as e:  # noqa: BLE001  (a failed capture must not lose the other columns)
-        print(f"rank {buf.rank}: CUDA-graph timing failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        torch.cuda.synchronize()
-        return float("nan"), float("nan")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 128, 4096])
-    ap.add_argument("--graph", action="store_true", help="also time under CUDA-graph replay (symm_*_graph_us)")
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--topk", type=int, default=8)
@@ -367,7 +321,7 @@ def main():
         per = [results[r]["rows"][i] for r in sorted(results)]
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
-                  "symm_dispatch_graph_us", "symm_combine_graph_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
+                  "symm_pair_seq_us", "symm_dispatch_seq_us",
                   "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
@@ -389,7 +343,7 @@ def main():
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
             "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
-            "symm_combine_seq_us", "symm_dispatch_graph_us", "symm_combine_graph_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
+            "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
     write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)

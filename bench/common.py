@@ -156,10 +156,11 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[float]:
-    """Seconds of the WHOLE back-to-back sequence per rep, events only before the first and after the
-    last call (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an H200:
-    bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels)."""
+def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0, skip=0) -> list[float]:
+    """Seconds of a back-to-back sequence per rep with events only after its first `skip` calls and after
+    the last one (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an
+    H200: bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels). Multi-rank calls: skip the first
+    call(s), which absorb the ranks' start skew."""
     for r in range(warmup):
         for f in fns:
             f(r)
@@ -168,9 +169,12 @@ def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[flo
     for r in range(reps):
         _hold_stream(hold_ms)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for f in fns:
+        if not skip:
+            a.record()
+        for i, f in enumerate(fns):
             f(r)
+            if i + 1 == skip:
+                a.record()
         b.record()
         b.synchronize()
         out.append(a.elapsed_time(b) * 1e-3)
