@@ -3,9 +3,14 @@ copy bandwidth measured in the same run. One process per visible GPU (the rank c
 the machine). H 7168, 256 experts, top-8; tokens per rank 1, 128, 4096 (override with --tokens).
 
 Times: CUDA events, median after warm-up, routing rotated over --rotations fresh draws.
-  symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead: the
-                  number a CUDA graph sees); max over ranks of the per-rank median.
+  symm_*_us     : GPU time of one call when calls run back to back (host enqueued ahead), an event
+                  recorded after every call; max over ranks of the per-rank median.
   symm_*_host_us: one call timed alone from Python (validation + ctypes launch + kernel).
+  symm_pair_seq_us: one dispatch + combine pair in a back-to-back sequence of 4 x the rotated pairs with
+                  events only after its first pair and at its end (an event after every call costs ~3 us of
+                  GPU time: launch_gap_probe.py; the first pair absorbs the ranks' start skew).
+  symm_*_seq_us : per call from that: symm_*_us less half of (dispatch + combine - pair), the per-call
+                  event cost (the probe measured it the same for both kernel shapes).
   nccl_*_us     : all_to_all_single exchange (counts exchange + host sync for the splits + rows),
                   timed per call; max over ranks.
 Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
@@ -17,6 +22,7 @@ actually crosses the links, and dispatch_link_pct_peer its rate against the peer
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import socket
 import statistics
@@ -31,7 +37,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import header, time_cuda, time_cuda_sequence, write_results  # noqa: E402
+from common import header, time_cuda, time_cuda_sequence, time_cuda_sequence_total, write_results  # noqa: E402
 
 
 def _free_port() -> int:
@@ -157,6 +163,8 @@ class NcclEP:
 # ---- worker ------------------------------------------------------------------------------------
 def _worker(rank, world, port, args, q):
     try:
+        if os.environ.get("BENCH_HANG_S"):  # diagnostics: every thread's Python stack, then exit
+            faulthandler.dump_traceback_later(float(os.environ["BENCH_HANG_S"]), exit=True)
         init_rank(rank, world, port)
         out = _run(rank, world, args)
         q.put((rank, out, None))
@@ -218,6 +226,11 @@ def _run(rank, R, args):
         buf.check_errors()
         d_times = [t for rep in tt for t in rep[0::2]]
         c_times = [t for rep in tt for t in rep[1::2]]
+        # The same sequence with events only at its ends: per pair, without the per-call event cost.
+        dist.barrier()
+        seq_pairs = 4 * npairs
+        pair_seq = statistics.median(time_cuda_sequence_total(fns * 4, warmup=1, reps=args.reps, skip=2)) / (seq_pairs - 1)
+        buf.check_errors()
         # host-inclusive single calls
         it = {"i": 0, "h": buf.dispatch(*rots[0])[-1]}
 
@@ -254,6 +267,10 @@ def _run(rank, R, args):
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
+            "symm_pair_seq_us": pair_seq * 1e6,
+            # per call without the per-call event: the event cost (d + c - pair) / 2 taken off each
+            "symm_dispatch_seq_us": (med(d_times) - (med(d_times) + med(c_times) - pair_seq) / 2) * 1e6,
+            "symm_combine_seq_us": (med(c_times) - (med(d_times) + med(c_times) - pair_seq) / 2) * 1e6,
             "nccl_dispatch_us": n_d * 1e6, "nccl_combine_us": n_c * 1e6,
             "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
             "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
@@ -304,7 +321,8 @@ def main():
         per = [results[r]["rows"][i] for r in sorted(results)]
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
-                  "nccl_dispatch_us", "nccl_combine_us"):
+                  "symm_pair_seq_us", "symm_dispatch_seq_us",
+                  "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
         cb = max(p["combine_bytes"] for p in per)
@@ -324,7 +342,8 @@ def main():
                    "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
-            "symm_dispatch_host_us", "symm_combine_host_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
+            "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
+            "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
     write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)

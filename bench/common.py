@@ -156,6 +156,31 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0, skip=0) -> list[float]:
+    """Seconds of a back-to-back sequence per rep with events only after its first `skip` calls and after
+    the last one (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an
+    H200: bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels). Multi-rank calls: skip the first
+    call(s), which absorb the ranks' start skew."""
+    for r in range(warmup):
+        for f in fns:
+            f(r)
+    torch.cuda.synchronize()
+    out = []
+    for r in range(reps):
+        _hold_stream(hold_ms)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if not skip:
+            a.record()
+        for i, f in enumerate(fns):
+            f(r)
+            if i + 1 == skip:
+                a.record()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3)
+    return out
+
+
 def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[float]]:
     """Seconds of each callable in `fns` when they run BACK TO BACK on the current stream, per rep:
     returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so

@@ -106,6 +106,16 @@ def stream_of(a: DevArray) -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+def capturing(a: DevArray) -> bool:
+    """True while a's current stream is being captured into a CUDA graph (the launch is recorded, not run)."""
+    if a.framework == "torch":
+        with device_of(a):
+            return bool(_torch().cuda.is_current_stream_capturing())
+    import cupy
+    with device_of(a):
+        return bool(cupy.cuda.get_current_stream().is_capturing())
+
+
 def empty_like_framework(a: DevArray, shape, kind: str):
     """Allocate an output on a's device with a's framework (kind: f32 / u8 / fp8 / bf16 / i32)."""
     if a.framework == "torch":

@@ -177,7 +177,10 @@ def check_dispatch(buf, outs, inputs_all, masked, T_max):
     valid[rows] = True
     assert bool((buf.row_src[:used][~valid] == -1).all()), "padding rows must have row_src == -1"
     # arrival counters: every block complete for this epoch
-    target = (h.epoch * buf.block_m) & 0xFFFFFFFF
+    # (the device's epoch; the handle's host mirror must equal it, None only for a captured dispatch)
+    dev_epoch = int(buf.epochs[0].item())
+    assert h.epoch is None or h.epoch == dev_epoch, f"handle epoch {h.epoch} != device epoch {dev_epoch}"
+    target = (dev_epoch * buf.block_m) & 0xFFFFFFFF
     arr = buf.arrivals.long() & 0xFFFFFFFF
     assert bool((arr == target).all()), f"arrivals {arr[:8].tolist()} != {target}"
     if masked:
@@ -390,6 +393,54 @@ def run_all(backend, scenarios, res):
             one_round(buf, x, s, idx, w, layout, weighted=bool(i % 2), a2a=(i % 10 == 0),
                       idx_dtype=torch.int32 if i % 4 == 1 else None)
 
+    def cuda_graph():
+        """dispatch (masked) + expert output + combine captured in ONE CUDA graph, replayed with fresh
+        routing and weights copied into the captured input tensors (the CUDA-graph decode use of the
+        masked layout): every replay's pool, counts and combine checked exactly, outputs poisoned first."""
+        T = [48, 17, 1, 33][rank % 4]
+        Lx, mm = buf.num_local_experts, buf.max_m
+        x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
+        hh = torch.arange(H, device=dev)
+
+        def expert_out():  # graph-safe expert_out_from_row_src (no boolean-mask indexing: no host sync)
+            code = buf.row_src[:Lx * mm].long()
+            k, t, src = code % K, (code // K) % T_max, code // (K * T_max)
+            f = (((src * 7 + t * 3 + k * 5)[:, None] + hh[None, :]) % 61 - 30).float() * 0.25
+            f = torch.where((code >= 0)[:, None], f, torch.full_like(f, float("nan")))
+            return f.to(torch.bfloat16).view(Lx, mm, H)
+
+        y = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+        one_round(buf, x, s, idx, w, "masked", weighted=True)  # eager first: the launchers' one-time setup
+        torch.cuda.synchronize()
+        dist.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = buf.dispatch(x, s, idx, w, layout="masked", check=False)
+            eo = expert_out()
+            buf.combine(eo, outs[-1], topk_w=w, out=y, check=False)
+        torch.cuda.synchronize()
+        dist.barrier()
+        for i in range(12):
+            _, _, idx2, w2 = make_inputs(rank, T, H, E, K, gen, neg_frac=0.1 + 0.05 * (i % 3))
+            idx.copy_(idx2)
+            w.copy_(w2)
+            buf.pool_x.view(torch.uint8).fill_(POISON_U8)
+            buf.pool_s.fill_(float("nan"))
+            buf.pool_w.fill_(float("nan"))
+            y.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            buf.check_errors()
+            inputs_all = tuple(all_gather_var(a, R) for a in (x.view(torch.uint8), s, idx, w))
+            check_dispatch(buf, outs, inputs_all, True, buf.max_tokens)
+            ref = expected_combine(rank, idx, w, H, E, True)
+            assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), f"graph replay {i}: combine differs"
+        del g
+        torch.cuda.synchronize()
+        # the buffer stays usable eagerly after the replays (device epochs advanced without the host)
+        x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=False)
+
     def cupy_inputs():
         try:
             import cupy
@@ -572,6 +623,7 @@ def run_all(backend, scenarios, res):
         step("bad_expert", bad_expert)
         step("bad_args", bad_args)
         step("cupy", cupy_inputs)
+        step("cuda_graph", cuda_graph)
         step("large", large)
         step("many_calls", many_calls)
         step("pool_overflow", pool_overflow)

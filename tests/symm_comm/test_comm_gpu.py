@@ -96,3 +96,20 @@ def test_comm_auto_mode(world, monkeypatch):
     assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
     for r in res:
         assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_comm_cuda_graph(world, backend):
+    """Masked dispatch + expert output + combine captured in one CUDA graph and replayed with fresh
+    routing (comm_worker.py, scenario cuda_graph). Last in the file: a capture problem shows here
+    without stopping the other tests of a -x run."""
+    if not _lib_ok():
+        pytest.skip("libsymm_comm.so not built")
+    if world > NG:
+        pytest.skip(f"needs {world} GPUs")
+    res = comm_worker.launch(world, backend, ["cuda_graph"], timeout_s=300)
+    bad = [r for r in res if not r["ok"]]
+    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
+    for r in res:
+        assert r["done"] == ["cuda_graph"], f"rank {r['rank']} finished only {r['done']}"

@@ -31,8 +31,10 @@ class Handle:
     expert_counts: torch.Tensor   # int32 [L] on the GPU: valid rows per local expert
     row_src: torch.Tensor         # int32 [P]: (src_rank * T_max + token) * K + k, -1 = padding
     arrivals: torch.Tensor        # int32 (u32 bits) [P / block_m], == epoch * block_m when a block is complete
-    epoch: int                    # the dispatch epoch (1-based) this handle belongs to: a consumer waits
-                                  # for arrivals[b] == epoch * block_m (mod 2^32)
+    epoch: int | None             # the dispatch epoch (1-based) this handle belongs to: a consumer waits
+                                  # for arrivals[b] == epoch * block_m (mod 2^32). None when the dispatch
+                                  # was captured into a CUDA graph: every replay is a new epoch, so a
+                                  # captured consumer reads the device's epoch (Buffer.epochs[0]) instead
     framework: str = "torch"
 
     def num_rows(self) -> int:
@@ -99,6 +101,7 @@ class Buffer:
         dist.barrier(group)
         self._dispatch_seq = 0
         self._epoch = 0  # host mirror of the device dispatch epoch (1-based after the first call)
+        self._epoch_unknown = False  # a dispatch was captured: graph replays advance the device epoch unseen
         self._needs_resync = False
         self._closed = False
         msg = describe(L) + f", backend {backend}"
@@ -194,14 +197,22 @@ class Buffer:
         self._ready()
         masked = layout == "masked"
         stream = _arrays.stream_of(xa)
+        captured = _arrays.capturing(xa)
+        if self._epoch_unknown and not captured:
+            # First eager call after a capture: replays (any number, any stream) advanced the device
+            # epoch without the host; re-read it once (synchronises the device).
+            torch.cuda.synchronize(self.device)
+            self._epoch = int(self.epochs[0].item())
+            self._epoch_unknown = False
         with _arrays.device_of(xa):  # the C launcher launches on the current device (the buffer's: checked)
             LIB.call("symm_dispatch", ctypes.byref(self.layout), self.peers.data_ptr(), xa.ptr or None,
                      sa.ptr or None, ia.ptr or None, idx_bytes, wa.ptr if wa is not None and wa.ptr else None, T,
                      int(masked), self.num_sms, self.timeout_ns, self._hw, stream)
         self._dispatch_seq += 1
         self._epoch += 1
+        self._epoch_unknown |= captured
         h = Handle(self._dispatch_seq, T, masked, self.exp_offsets, self.exp_counts, self.row_src,
-                   self.arrivals, self._epoch, xa.framework)
+                   self.arrivals, None if captured else self._epoch, xa.framework)
         if check if check is not None else self.check:
             self._sync_check(xa)
         Lx, mm = self.num_local_experts, self.max_m
