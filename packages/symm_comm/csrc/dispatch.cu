@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // PULL: staging copy + kmask; PUSH: kmask + bucket sizes, no copy; AUTO: all of it (T < threshold)
     stage_inputs<IdxT, kKind != SYMM_KIND_PUSH, kKind != SYMM_KIND_PULL>(sg, L, local, a, err);
   }
-  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, err);
+  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err);  // smem: free until the tables (after the barrier)
   else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
 
   // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
@@ -225,7 +225,11 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   a.push = kind;
   const int64_t push_tables = tables + symm::symm_push_smem_ints(&L);
   const int64_t need = kind != SYMM_KIND_PULL ? push_tables : tables;
-  const size_t smem = (size_t)(onepass && meta > need ? meta : need) * 4;
+  // Shared memory: phase A's metadata (the one-pass counts, or the small-T ids) and phase B's tables
+  // use the same space one after the other.
+  int64_t ints = onepass && meta > need ? meta : need;
+  if (ints < symm::kMetaWarpMaxIds) ints = symm::kMetaWarpMaxIds;
+  const size_t smem = (size_t)ints * 4;
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row, counter mode).
   // (2, two items per grab, was dropped with the single-copy row loop: it measured no better.)

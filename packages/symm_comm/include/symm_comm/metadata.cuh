@@ -223,18 +223,40 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
 
 // Small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert scans all N ids in one pass
 // (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan).
-// Warps: all warps of the grid (W.gwarp()).
+// Warps: all warps of the grid (W.gwarp()). The ids are first copied into shared memory `ids` (>=
+// kMetaWarpMaxIds ints, free in phase A) by every thread of each group that has an expert, as int32
+// (invalid -> -1): one global latency per group instead of one per warp and batch. (Scanning global
+// memory per warp cost 9 us at 128 tokens with serialised loads and still 6.5 us batched, per-CTA
+// stamps on 2 x H200: perf notes "Metadata loads".) All threads of the group must call it.
 constexpr int64_t kMetaWarpMaxIds = 2048;
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                                   const DispatchArgs& a, const ErrSink& err) {
-  constexpr int U = 16;
-  const int64_t N = (int64_t)a.num_tokens * L.topk;
-  const int Lx = L.num_local_experts;
-  for (int64_t ew = W.gwarp(); ew < L.num_experts; ew += W.total_warps()) {
+                                                   const DispatchArgs& a, int32_t* ids, const ErrSink& err) {
+  const int N = a.num_tokens * L.topk;  // <= kMetaWarpMaxIds
+  const int E = L.num_experts, Lx = L.num_local_experts;
+  if ((int64_t)W.group * W.nwarps >= E) return;  // group-uniform: no expert here (first one: gwarp 0)
+#pragma unroll 4
+  for (int i = W.tid(); i < N; i += W.nthreads()) {
+    const int64_t e = load_idx<IdxT>(a.topk_idx, i);
+    ids[i] = (e >= 0 && e < E) ? (int32_t)e : -1;  // invalid ids (-1, out of range: reported by kmask) skip
+  }
+  W.sync();
+  const uint32_t lt = (1u << W.lane) - 1u;
+  for (int64_t ew = W.gwarp(); ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
-    const int32_t run = write_slots<U, IdxT>(L, peers, a, 0, N, e, W.lane, 0, sends_slots(a), my_slots);
+    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;  // plain ids
+    int32_t run = 0;
+#pragma unroll 4
+    for (int base = 0; base < N; base += 32) {
+      const int i = base + W.lane;
+      const bool m = i < N && ids[i] == e;
+      const uint32_t b = __ballot_sync(0xffffffffu, m);
+      const int32_t slot = run + __popc(b & lt);
+      if (m && slots && slot < L.max_tokens) slots[slot] = i;
+      if (m && my_slots) my_slots[i] = slot;
+      run += __popc(b);
+    }
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = checked_count(L, e, run, err);
     push_count_all(L, peers, a, e, run, W.lane, 32);
   }
