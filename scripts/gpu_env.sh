@@ -12,3 +12,4 @@ export PYTHONPATH="$SITE:$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/p
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+: # ends on a builtin: bash 5.2 here dropped the rest of a ( source this; ... ) subshell after a final external command
