@@ -156,15 +156,19 @@ def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _warm_sequence(fns, warmup):
+    for r in range(warmup):
+        for f in fns:
+            f(r)
+    torch.cuda.synchronize()
+
+
 def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0, skip=0) -> list[float]:
     """Seconds of a back-to-back sequence per rep with events only after its first `skip` calls and after
     the last one (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an
     H200: bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels). Multi-rank calls: skip the first
     call(s), which absorb the ranks' start skew."""
-    for r in range(warmup):
-        for f in fns:
-            f(r)
-    torch.cuda.synchronize()
+    _warm_sequence(fns, warmup)
     out = []
     for r in range(reps):
         _hold_stream(hold_ms)
@@ -186,10 +190,7 @@ def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[floa
     returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so
     the host enqueues the whole sequence ahead of the GPU (host launch overhead stays out of the
     numbers; what a CUDA graph would see). fns[i](rep) may rotate inputs; nothing syncs in between."""
-    for r in range(warmup):
-        for f in fns:
-            f(r)
-    torch.cuda.synchronize()
+    _warm_sequence(fns, warmup)
     out = []
     for r in range(reps):
         _hold_stream(hold_ms)

@@ -107,13 +107,12 @@ def stream_of(a: DevArray) -> int:
 
 
 def capturing(a: DevArray) -> bool:
-    """True while a's current stream is being captured into a CUDA graph (the launch is recorded, not run)."""
+    """True while a's framework's current stream (on the current device: call it inside device_of(a)) is
+    being captured into a CUDA graph (launches are recorded, not run)."""
     if a.framework == "torch":
-        with device_of(a):
-            return bool(_torch().cuda.is_current_stream_capturing())
+        return bool(_torch().cuda.is_current_stream_capturing())
     import cupy
-    with device_of(a):
-        return bool(cupy.cuda.get_current_stream().is_capturing())
+    return bool(cupy.cuda.get_current_stream().is_capturing())
 
 
 def empty_like_framework(a: DevArray, shape, kind: str):

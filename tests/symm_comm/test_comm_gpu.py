@@ -41,20 +41,24 @@ SCENARIOS = ["basic,few_sms,zero_tokens,one_expert,bad_expert,bad_args,cupy,larg
              "many_calls", "pool_overflow,timeout"]
 
 
-@pytest.mark.parametrize("scenarios", SCENARIOS, ids=["cases", "200calls", "errors"])
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world", WORLDS)
-def test_comm(world, backend, scenarios):
+def _run_scenarios(world, backend, scen):
+    """Runs the comm_worker scenarios on `world` ranks; every rank must succeed and finish every scenario."""
     if not _lib_ok():
         pytest.skip("libsymm_comm.so not built")
     if world > NG:
         pytest.skip(f"needs {world} GPUs")
-    res = comm_worker.launch(world, backend, scenarios.split(","), timeout_s=300)
+    res = comm_worker.launch(world, backend, scen, timeout_s=300)
     bad = [r for r in res if not r["ok"]]
     assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
-    want = set(scenarios.split(","))
     for r in res:
-        assert set(r["done"]) == want, f"rank {r['rank']} finished only {r['done']}"
+        assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"
+
+
+@pytest.mark.parametrize("scenarios", SCENARIOS, ids=["cases", "200calls", "errors"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_comm(world, backend, scenarios):
+    _run_scenarios(world, backend, scenarios.split(","))
 
 
 @pytest.mark.parametrize("push", ["0", "1", "2"])
@@ -65,17 +69,9 @@ def test_comm_pull_path(world, push, monkeypatch):
     test_comm_auto_mode covers the AUTO / PUSH kernels of the auto mode), whatever the
     environment of the run: both paths must give the exact rows, counts, arrivals and combine results
     the workers check (env read once per process: the spawned workers inherit it)."""
-    if not _lib_ok():
-        pytest.skip("libsymm_comm.so not built")
-    if world > NG:
-        pytest.skip(f"needs {world} GPUs")
     monkeypatch.setenv("SYMM_DISPATCH_PUSH", push)
     scen = SCENARIOS[0].split(",") + ["pool_overflow"]
-    res = comm_worker.launch(world, "torch", scen, timeout_s=300)
-    bad = [r for r in res if not r["ok"]]
-    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
-    for r in res:
-        assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"
+    _run_scenarios(world, "torch", scen)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -83,19 +79,11 @@ def test_comm_auto_mode(world, monkeypatch):
     """SYMM_DISPATCH_PUSH=2 (auto, per call) with the threshold at 64 tokens: calls on both sides of it in
     one process, checked one by one (rows, combine, the mode in stamp 11) and back to back without a host
     sync (the done signal row must stay counted across mode switches), then the usual cases."""
-    if not _lib_ok():
-        pytest.skip("libsymm_comm.so not built")
-    if world > NG:
-        pytest.skip(f"needs {world} GPUs")
     monkeypatch.setenv("SYMM_DISPATCH_PUSH", "2")
     monkeypatch.setenv("SYMM_PUSH_MIN_TOKENS", "64")
     scen = ["auto_modes", "basic", "zero_tokens", "one_expert", "many_calls"]
     monkeypatch.setenv("SYMM_TEST_CALLS", "60")
-    res = comm_worker.launch(world, "torch", scen, timeout_s=300)
-    bad = [r for r in res if not r["ok"]]
-    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
-    for r in res:
-        assert set(r["done"]) == set(scen), f"rank {r['rank']} finished only {r['done']}"
+    _run_scenarios(world, "torch", scen)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -104,12 +92,4 @@ def test_comm_cuda_graph(world, backend):
     """Masked dispatch + expert output + combine captured in one CUDA graph and replayed with fresh
     routing (comm_worker.py, scenario cuda_graph). Last in the file: a capture problem shows here
     without stopping the other tests of a -x run."""
-    if not _lib_ok():
-        pytest.skip("libsymm_comm.so not built")
-    if world > NG:
-        pytest.skip(f"needs {world} GPUs")
-    res = comm_worker.launch(world, backend, ["cuda_graph"], timeout_s=300)
-    bad = [r for r in res if not r["ok"]]
-    assert not bad, "\n".join(f"rank {r['rank']}: {r.get('error')}\n{r.get('traceback', '')}" for r in bad)
-    for r in res:
-        assert r["done"] == ["cuda_graph"], f"rank {r['rank']} finished only {r['done']}"
+    _run_scenarios(world, backend, ["cuda_graph"])

@@ -197,14 +197,14 @@ class Buffer:
         self._ready()
         masked = layout == "masked"
         stream = _arrays.stream_of(xa)
-        captured = _arrays.capturing(xa)
-        if self._epoch_unknown and not captured:
-            # First eager call after a capture: replays (any number, any stream) advanced the device
-            # epoch without the host; re-read it once (synchronises the device).
-            torch.cuda.synchronize(self.device)
-            self._epoch = int(self.epochs[0].item())
-            self._epoch_unknown = False
         with _arrays.device_of(xa):  # the C launcher launches on the current device (the buffer's: checked)
+            captured = _arrays.capturing(xa)
+            if self._epoch_unknown and not captured:
+                # First eager call after a capture: replays (any number, any stream) advanced the device
+                # epoch without the host; re-read it once (synchronises the device).
+                torch.cuda.synchronize(self.device)
+                self._epoch = int(self.epochs[0].item())
+                self._epoch_unknown = False
             LIB.call("symm_dispatch", ctypes.byref(self.layout), self.peers.data_ptr(), xa.ptr or None,
                      sa.ptr or None, ia.ptr or None, idx_bytes, wa.ptr if wa is not None and wa.ptr else None, T,
                      int(masked), self.num_sms, self.timeout_ns, self._hw, stream)
