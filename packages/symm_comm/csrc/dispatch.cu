@@ -21,6 +21,7 @@ constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 // (v7, ptxas -v). Small-T kernels (plain pull, no fan-out code): 16, a whole row per batch.
 constexpr int kPullUnroll = 7;
 constexpr int kPullUnrollPlain = 16;
+constexpr int64_t kPlainPullMaxIds = 256;  // SYMM_SMALL_DEDUP=1: the plain pull kernel up to T * K = 256
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
 constexpr int kPushUnroll = 14;  // push: H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
@@ -209,7 +210,11 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   if (!symm_host::aligned16(x) || !symm_host::aligned16(scales) || !symm_host::aligned16(topk_w) ||
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
-  symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0};
+  // SYMM_SMALL_DEDUP=1 (A/B, default 0 until measured): small T sends the dedup encoding too, and the dedup
+  // pull kernel runs from T * K > kPlainPullMaxIds on (the plain one below it: nothing to deduplicate at
+  // a few tokens, and its one round trip per row is shorter).
+  static const int small_dedup = symm_host::env_int("SYMM_SMALL_DEDUP", 0) > 0 ? 1 : 0;
+  symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0, small_dedup};
   // SYMM_META_ONEPASS=0: the older two-pass metadata scan for large T (A/B measurements, fallback).
   // The one-pass scan keeps one count per expert in shared memory; beyond kMaxMetaSmem it is not used.
   static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
@@ -235,7 +240,7 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // (2, two items per grab, was dropped with the single-copy row loop: it measured no better.)
   static const int pull_dynamic = symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0;
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
-  const bool plain = (int64_t)num_tokens * L.topk <= symm::kMetaWarpMaxIds;
+  const bool plain = (int64_t)num_tokens * L.topk <= (small_dedup ? kPlainPullMaxIds : symm::kMetaWarpMaxIds);
   using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);
   K64P kernel = nullptr;
   if (idx_bytes == 8)
