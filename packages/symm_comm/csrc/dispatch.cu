@@ -37,11 +37,13 @@ template <typename IdxT, int kKind, bool kDedup = kKind != SYMM_KIND_PUSH>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
-  // pull_dynamic also selects the dynamic distribution of the push items (same counter word).
+  // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
+  // bit 1: the static distributions spread warp-major over the CTAs (Workers::item_warp).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
-  const Workers W = Workers::cta();
+  Workers W = Workers::cta();
+  W.spread = (pull_dynamic >> 1) & 1;
   const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_DISPATCH, host_err, timeout_ns);
   const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
   const ErrSink& err = call.err;
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (st0) stamp(local, L, 3);
       push_bucket_counts(W, L, s_peers, local, pt, a.parity);
-      push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, pull_dynamic ? pull_counter(local, L, a.parity) : nullptr);
+      push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
       __syncthreads();
       if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push calls only)
       // Completion: this CTA's stores (every thread fence.acq_rel.sys, bar.sync, red.release.sys per
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pad_blocks(W, L, local, t);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
-                               pull_dynamic ? pull_counter(local, L, a.parity) : nullptr);
+                               (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
       }
     }
   }
@@ -238,7 +240,10 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row, counter mode).
   // (2, two items per grab, was dropped with the single-copy row loop: it measured no better.)
-  static const int pull_dynamic = symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0;
+  // SYMM_SPREAD=1 (A/B, default 0 until measured): static distributions warp-major over the CTAs, so a
+  // small call's few items reach every SM (at 128 tokens the 1024 pull rows went to CTAs 0-63 only).
+  static const int spread = symm_host::env_int("SYMM_SPREAD", 0) > 0 ? 1 : 0;
+  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (spread << 1);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool plain = (int64_t)num_tokens * L.topk <= (small_dedup ? kPlainPullMaxIds : symm::kMetaWarpMaxIds);
   using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);

@@ -218,7 +218,7 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
                                             uint16_t* y, uint32_t spin_ns, uint64_t deadline, const ErrSink& err) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t total = s.total();
-  for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
+  for (int64_t q = W.item_warp(); q < total; q += W.total_warps()) {
     const int j = find_segment(s.seg, s.nseg, (int32_t)q);
     int32_t o = (int32_t)q - s.seg[j];
     const int x = j >> 1;

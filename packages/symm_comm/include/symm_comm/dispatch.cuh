@@ -159,7 +159,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
 #pragma unroll 1
-  for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
+  for (int64_t b = W.item_warp(); b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
     const bool empty = aborted || r0 >= U;  // no row of the block is written: nothing to publish
@@ -566,7 +566,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
       one_group(gi * g);
     }
   } else {
-    for (int64_t gi = W.gwarp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
+    for (int64_t gi = W.item_warp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
   }
 }
 

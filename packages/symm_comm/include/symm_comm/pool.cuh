@@ -223,7 +223,7 @@ __device__ __forceinline__ void for_each_pool_row(const Workers& W, const SymmLa
                                                   uint32_t* ctr, Fn&& fn) {
   const int32_t nq = pool_work_items(L, t);  // R * T * K < 2^31 (symm_layout_compute)
   const int32_t step = W.total_warps();
-  int32_t q = W.gwarp();  // q < nq + step < 2^31
+  int32_t q = (int32_t)W.item_warp();  // q < nq + step < 2^31
 #pragma unroll 1
   for (;;) {
     if (ctr) {
