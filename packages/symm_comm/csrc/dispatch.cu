@@ -15,13 +15,13 @@
 
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
-// Pull: vectors per lane per batch. Dedup kernels (T * K > kMetaWarpMaxIds): 7 = two batches (round
+// Pull: vectors per lane per batch. Dedup kernels (T * K > kMetaWarpMaxIds, or > kPlainPullMaxIds with
+// SYMM_SMALL_DEDUP=1): 7 = two batches (round
 // trips) per row at H 7168; with the fan-out (one read, several pool rows) 14 spills 16-92 bytes in the
 // 128-register kernel, and a one-row path with 14 or 16 beside it in the same kernel spilled more
 // (v7, ptxas -v). Small-T kernels (plain pull, no fan-out code): 16, a whole row per batch.
 constexpr int kPullUnroll = 7;
 constexpr int kPullUnrollPlain = 16;
-constexpr int64_t kPlainPullMaxIds = 256;  // SYMM_SMALL_DEDUP=1: the plain pull kernel up to T * K = 256
 constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E ints): up to 40960 experts
 constexpr int kPushUnroll = 14;  // push: H 7168: 448 vectors = 14 per lane, one batch (16 spills)
 constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it the pull path runs
@@ -30,8 +30,8 @@ constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it t
 // AUTO = phase A for both, the mode decided after the one-hop barrier. Separate instantiations so the
 // pull kernel's code (and register allocation) stays what it was.
 // kDedup (PULL kind only; AUTO always, PUSH never): the pull with the dedup fan-out (pool.cuh / dispatch.cuh,
-// layout v7), chosen by the host when this rank's T * K > kMetaWarpMaxIds (its sources then likely send
-// fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
+// layout v7), chosen by the host when this rank's T * K > kMetaWarpMaxIds (> symm::kPlainPullMaxIds with
+// SYMM_SMALL_DEDUP=1 and K dividing 32: its sources then likely send fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
 // is correct whatever the sources sent; the choice only moves time.
 template <typename IdxT, int kKind, bool kDedup = kKind != SYMM_KIND_PUSH>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -245,7 +245,9 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   static const int spread = symm_host::env_int("SYMM_SPREAD", 0) > 0 ? 1 : 0;
   static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (spread << 1);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
-  const bool plain = (int64_t)num_tokens * L.topk <= (small_dedup ? kPlainPullMaxIds : symm::kMetaWarpMaxIds);
+  const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
+  const bool plain =
+      (int64_t)num_tokens * L.topk <= (small_dedup_sent ? symm::kPlainPullMaxIds : symm::kMetaWarpMaxIds);
   using K64P = decltype(&symm_dispatch_kernel<int64_t, SYMM_KIND_PULL>);
   K64P kernel = nullptr;
   if (idx_bytes == 8)

@@ -209,7 +209,8 @@ __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_
   return true;
 }
 
-// Walks the list: item q -> warp q % total_warps. Push buckets of a chunk go destinations
+// Walks the list: warp w takes items q0, q0 + total_warps, ... (q0 = W.item_warp(); each warp in
+// ascending order, all warps resident: the deadlock argument above holds). Push buckets of a chunk go destinations
 // rank+1, rank+2, ..., rank (remote links first, the local copy last).
 template <int UNROLL, int KB>
 __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,

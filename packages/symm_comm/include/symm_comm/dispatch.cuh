@@ -204,7 +204,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
 // kDedup = false: the plain pull of one row per pool row (every entry decoded, fan-out flags ignored:
 // what kNoDedup does), a whole row per batch (UNROLL 16 spill-free there): the small-T kernel, where
-// the sources send plain ids anyway and one round trip per row is the latency that counts.
+// the sources send plain ids (unless SYMM_SMALL_DEDUP) and one round trip per row is the latency that counts.
 template <int UNROLL, bool kDedup = true>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr) {
@@ -311,7 +311,8 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (drow >= 0) ptx::red_add_release_gpu_u32(arr + drow / L.block_m, 1u);
   };
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
-  // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.
+  // every warp has at most 2 items and the grid's ~2k same-address atomics would cost ~1 us (which SMs
+  // hold the items: Workers::item_warp, SYMM_SPREAD).
   const bool dynamic = pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps();
   for_each_pool_row(W, L, t, dynamic ? pull_ctr : nullptr, one_row);
 }

@@ -171,7 +171,7 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
       const bool mu = (bits >> u) & 1u;
       const uint32_t b = __ballot_sync(0xffffffffu, mu);
       const int32_t slot = run + __popc(b & lt);
-      // plain ids: no dedup on the small-T paths (kSlotFanOut)
+      // plain ids (write_slots serves the two-pass fallback only; no kSlotFanOut there)
       if (mu && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
       if (mu && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
@@ -225,13 +225,18 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
 }
 
 // Small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert scans all N ids in one pass
-// (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan).
+// (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan). It
+// sends plain ids, or with DispatchArgs::small_dedup (K dividing 32, N > kPlainPullMaxIds) the dedup
+// encoding (owner masks by a lane match, as meta_walk).
 // Warps: all warps of the grid (W.gwarp()). The ids are first copied into shared memory `ids` (>=
 // kMetaWarpMaxIds ints, free in phase A) by every thread of each group that has an expert, as int32
 // (invalid -> -1): one global latency per group instead of one per warp and batch. (Scanning global
 // memory per warp cost 9 us at 128 tokens with serialised loads and still 6.5 us batched, per-CTA
 // stamps on 2 x H200: perf notes "Metadata loads".) All threads of the group must call it.
 constexpr int64_t kMetaWarpMaxIds = 2048;
+// With small_dedup: the owners' plain pull kernel (which ignores the fan-out) runs up to this many ids
+// of their own (csrc/dispatch.cu), and sources with no more ids than this send plain ids.
+constexpr int64_t kPlainPullMaxIds = 256;
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                                    const DispatchArgs& a, int32_t* ids, const ErrSink& err) {
@@ -246,14 +251,14 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   W.sync();
   const uint32_t lt = (1u << W.lane) - 1u;
   const int K = L.topk;
-  const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0;
+  const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0 && N > kPlainPullMaxIds;
   const int kshift = __ffs(K) - 1;  // log2 K when K divides 32
   const int tk = W.lane >> kshift, kl = W.lane & (K - 1);
   const uint32_t kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
   for (int64_t ew = W.gwarp(); ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
-    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;  // plain ids
+    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
     int32_t run = 0;
 #pragma unroll 4
     for (int base = 0; base < N; base += 32) {

@@ -24,9 +24,12 @@ struct Workers {
   __device__ __forceinline__ int64_t total_warps() const { return (int64_t)ngroups * nwarps; }
   // This warp's first item in a static distribution (items q, q + total_warps(), ...): group-major
   // (= gwarp: a few items land on the first groups only, e.g. 1024 rows on CTAs 0-63 of 132) or, with
-  // spread, warp-major (consecutive items on consecutive groups: every group, i.e. every SM, gets some).
+  // spread, warp-major (consecutive items on consecutive groups: every group, i.e. every SM, gets some),
+  // rotated by the warp index so one group's warps do not all take items of one residue mod R (the
+  // pull's source is (q + rank) % R: unrotated, ngroups a multiple of R put each CTA on ONE source).
+  // A permutation of [0, total_warps()) either way.
   __device__ __forceinline__ int64_t item_warp() const {
-    return spread ? (int64_t)warp * ngroups + group : gwarp();
+    return spread ? (int64_t)warp * ngroups + (group + warp) % ngroups : gwarp();
   }
   __device__ __forceinline__ int64_t gthread() const { return (int64_t)group * nthreads() + tid(); }
   __device__ __forceinline__ int64_t total_threads() const { return (int64_t)ngroups * nthreads(); }
