@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
   // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
-  // bit 1: the static distributions spread warp-major over the CTAs (Workers::item_warp).
+  // bit 1: the static distributions spread warp-major over the CTAs (Workers::item_warp); bit 2: the
+  // pull's padding on the grid's last warps (SYMM_PAD_LATE).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -129,7 +130,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
       } else {
         if (blockIdx.x == 0) publish_layout(W, L, local, t);
-        pad_blocks(W, L, local, t);
+        // bit 2 (SYMM_PAD_LATE): the used blocks' padding on the LAST warps of the grid, which hold no
+        // pull item in a small call (at 128 tokens the items sit on CTAs 0-63 and the padding cost the
+        // first CTAs ~3 us before their pull, per-CTA stamps). Any warp order is correct.
+        pad_blocks(W, L, local, t, false, false, (pull_dynamic & 4) != 0);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
                                (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
@@ -243,7 +247,10 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // SYMM_SPREAD=1 (A/B, default 0 until measured): static distributions warp-major over the CTAs, so a
   // small call's few items reach every SM (at 128 tokens the 1024 pull rows went to CTAs 0-63 only).
   static const int spread = symm_host::env_int("SYMM_SPREAD", 0) > 0 ? 1 : 0;
-  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (spread << 1);
+  // SYMM_PAD_LATE=1 (A/B, default 0 until measured): the pull's padding on the grid's last warps.
+  static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 0) > 0 ? 1 : 0;
+  static const int pull_dynamic =
+      (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (spread << 1) | (pad_late << 2);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =

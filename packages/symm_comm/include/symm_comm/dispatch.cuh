@@ -153,13 +153,15 @@ __device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayou
 // aborted (the rows did not fit; nothing is pulled): every block gets block_m, no row is touched,
 // so the counters stay in step with the epoch for the next call.
 __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t,
-                                           bool aborted = false, bool sys_scope = false) {
+                                           bool aborted = false, bool sys_scope = false, bool from_last = false) {
   const int32_t U = t.le_start[L.num_local_experts];
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
 #pragma unroll 1
-  for (int64_t b = W.item_warp(); b < L.num_blocks; b += W.total_warps()) {
+  // from_last: block 0 on the grid's last warp, and so on down (a permutation of the warps)
+  const int64_t b0 = from_last ? W.total_warps() - 1 - W.item_warp() : W.item_warp();
+  for (int64_t b = b0; b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
     const bool empty = aborted || r0 >= U;  // no row of the block is written: nothing to publish
