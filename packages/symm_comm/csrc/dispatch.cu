@@ -130,9 +130,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
       } else {
         if (blockIdx.x == 0) publish_layout(W, L, local, t);
-        // bit 2 (SYMM_PAD_LATE): the used blocks' padding on the LAST warps of the grid, which hold no
-        // pull item in a small call (at 128 tokens the items sit on CTAs 0-63 and the padding cost the
-        // first CTAs ~3 us before their pull, per-CTA stamps). Any warp order is correct.
+        // bit 2 (SYMM_PAD_LATE): the padding (every block's) from the grid's LAST warp down; in a small
+        // call those warps hold no pull item (without SYMM_SPREAD the items sit on CTAs 0-63 at 128
+        // tokens, and padding the used blocks cost the first CTAs ~3 us before their pull, per-CTA
+        // stamps). Any warp order is correct.
         pad_blocks(W, L, local, t, false, false, (pull_dynamic & 4) != 0);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,

@@ -150,6 +150,7 @@ __device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayou
 // Padding: one warp per pool block; marks padding rows row_src = -1 and adds the number of padding
 // rows of the block to its arrival counter (valid rows are added by pull_rows), so every block's
 // counter grows by exactly block_m per dispatch: arrivals[b] == epoch * block_m when complete.
+// from_last: warps take the blocks from the grid's last warp down (which warp pads does not matter).
 // aborted (the rows did not fit; nothing is pulled): every block gets block_m, no row is touched,
 // so the counters stay in step with the epoch for the next call.
 __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t,
@@ -158,9 +159,9 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
-#pragma unroll 1
   // from_last: block 0 on the grid's last warp, and so on down (a permutation of the warps)
   const int64_t b0 = from_last ? W.total_warps() - 1 - W.item_warp() : W.item_warp();
+#pragma unroll 1
   for (int64_t b = b0; b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
