@@ -150,16 +150,19 @@ __device__ __forceinline__ void publish_layout(const Workers& W, const SymmLayou
 // Padding: one warp per pool block; marks padding rows row_src = -1 and adds the number of padding
 // rows of the block to its arrival counter (valid rows are added by pull_rows), so every block's
 // counter grows by exactly block_m per dispatch: arrivals[b] == epoch * block_m when complete.
+// from_last: warps take the blocks from the grid's last warp down (which warp pads does not matter).
 // aborted (the rows did not fit; nothing is pulled): every block gets block_m, no row is touched,
 // so the counters stay in step with the epoch for the next call.
 __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L, uint64_t local, const PoolTables& t,
-                                           bool aborted = false, bool sys_scope = false) {
+                                           bool aborted = false, bool sys_scope = false, bool from_last = false) {
   const int32_t U = t.le_start[L.num_local_experts];
   uint32_t* arr = at<uint32_t>(local, L.off_arrivals);
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
+  // from_last: block 0 on the grid's last warp, and so on down (a permutation of the warps)
+  const int64_t b0 = from_last ? W.total_warps() - 1 - W.item_warp() : W.item_warp();
 #pragma unroll 1
-  for (int64_t b = W.gwarp(); b < L.num_blocks; b += W.total_warps()) {
+  for (int64_t b = b0; b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
     uint32_t pad = 0;
     const bool empty = aborted || r0 >= U;  // no row of the block is written: nothing to publish
@@ -204,7 +207,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
 // kDedup = false: the plain pull of one row per pool row (every entry decoded, fan-out flags ignored:
 // what kNoDedup does), a whole row per batch (UNROLL 16 spill-free there): the small-T kernel, where
-// the sources send plain ids anyway and one round trip per row is the latency that counts.
+// the sources send plain ids (unless SYMM_SMALL_DEDUP) and one round trip per row is the latency that counts.
 template <int UNROLL, bool kDedup = true>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr) {
@@ -311,7 +314,8 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (drow >= 0) ptx::red_add_release_gpu_u32(arr + drow / L.block_m, 1u);
   };
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
-  // the static stride is already balanced and the grid's ~2k same-address atomics would cost ~1 us.
+  // every warp has at most 2 items and the grid's ~2k same-address atomics would cost ~1 us (which SMs
+  // hold the items: Workers::item_warp, SYMM_SPREAD).
   const bool dynamic = pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps();
   for_each_pool_row(W, L, t, dynamic ? pull_ctr : nullptr, one_row);
 }
@@ -566,7 +570,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
       one_group(gi * g);
     }
   } else {
-    for (int64_t gi = W.gwarp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
+    for (int64_t gi = W.item_warp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
   }
 }
 

@@ -39,6 +39,8 @@ struct DispatchArgs {
   int32_t push;          // phase A kind (a compile-time constant inside the kernel, SYMM_KIND_*): 0 pull only
                          // (slots to the owners), 1 push only (slots kept locally, counts to every rank),
                          // 2 auto: both (the mode is decided after the one-hop barrier, dispatch.cuh)
+  int32_t small_dedup;   // small T (push_metadata_warp): send the dedup encoding (K dividing 32) instead of
+                         // plain ids (env SYMM_SMALL_DEDUP; either is decoded by both pull kernels)
 };
 // Phase A writes the pull's metadata (meta_slots at the owners) / the push's (push_slot, meta_all).
 __device__ __forceinline__ bool sends_slots(const DispatchArgs& a) { return a.push != 1; }
@@ -79,10 +81,11 @@ __device__ __forceinline__ int32_t checked_count(const SymmLayout& L, int e, int
 //                             = ~i (negative)      a non-leader: meta_map[src][i] = le * T + slot
 //                                                  (stored by its leader, skipped by the pull)
 // Every entry the owner reads was written in this call: the leader reads meta_map only at the ks of
-// its mask, and the mask, like the entries, comes from this call's ids. Only the one-pass metadata
-// (T * K > kMetaWarpMaxIds) sends this: the small-T variants send plain ids (every row pulls itself;
-// measured at 128 tokens, the per-id owner mask made their phase A 8 -> 16-20 us, more than the
-// dedup saves in the pull there).
+// its mask, and the mask, like the entries, comes from this call's ids. The one-pass metadata
+// (T * K > kMetaWarpMaxIds) sends this; the small-T path sends plain ids (every row pulls itself)
+// unless DispatchArgs::small_dedup (env SYMM_SMALL_DEDUP=1, K dividing 32: owner masks by a lane match
+// over the ids in shared memory). Measured earlier at 128 tokens: dedup moved 4x fewer link bytes in
+// the same time while the metadata's serialised loads held the critical path (perf notes).
 constexpr int32_t kSlotFanOut = 1 << 30;  // ids < 2^30 (symm_layout_compute)
 
 // Bit k set: topk_idx[tok, k] is a valid id whose owner is d (ids cached: the caller just read them).
@@ -168,7 +171,7 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
       const bool mu = (bits >> u) & 1u;
       const uint32_t b = __ballot_sync(0xffffffffu, mu);
       const int32_t slot = run + __popc(b & lt);
-      // plain ids: no dedup on the small-T paths (kSlotFanOut)
+      // plain ids (write_slots serves the two-pass fallback only; no kSlotFanOut there)
       if (mu && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
       if (mu && my_slots) my_slots[base + u * 32 + lane] = slot;
       run += __popc(b);
@@ -222,13 +225,18 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
 }
 
 // Small inputs (N = T * K ids <= kMetaWarpMaxIds): ONE warp per expert scans all N ids in one pass
-// (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan).
+// (the running ballot count is the slot, no second pass, no group barrier, no cross-warp scan). It
+// sends plain ids, or with DispatchArgs::small_dedup (K dividing 32, N > kPlainPullMaxIds) the dedup
+// encoding (owner masks by a lane match, as meta_walk).
 // Warps: all warps of the grid (W.gwarp()). The ids are first copied into shared memory `ids` (>=
 // kMetaWarpMaxIds ints, free in phase A) by every thread of each group that has an expert, as int32
 // (invalid -> -1): one global latency per group instead of one per warp and batch. (Scanning global
 // memory per warp cost 9 us at 128 tokens with serialised loads and still 6.5 us batched, per-CTA
 // stamps on 2 x H200: perf notes "Metadata loads".) All threads of the group must call it.
 constexpr int64_t kMetaWarpMaxIds = 2048;
+// With small_dedup: the owners' plain pull kernel (which ignores the fan-out) runs up to this many ids
+// of their own (csrc/dispatch.cu), and sources with no more ids than this send plain ids.
+constexpr int64_t kPlainPullMaxIds = 256;
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                                    const DispatchArgs& a, int32_t* ids, const ErrSink& err) {
@@ -242,18 +250,33 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   }
   W.sync();
   const uint32_t lt = (1u << W.lane) - 1u;
+  const int K = L.topk;
+  const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0 && N > kPlainPullMaxIds;
+  const int kshift = __ffs(K) - 1;  // log2 K when K divides 32
+  const int tk = W.lane >> kshift, kl = W.lane & (K - 1);
+  const uint32_t kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
   for (int64_t ew = W.gwarp(); ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
-    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;  // plain ids
+    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
     int32_t run = 0;
 #pragma unroll 4
     for (int base = 0; base < N; base += 32) {
       const int i = base + W.lane;
-      const bool m = i < N && ids[i] == e;
+      const int32_t ei = i < N ? ids[i] : -1;
+      const bool m = ei == e;
       const uint32_t b = __ballot_sync(0xffffffffu, m);
+      if (b == 0u) continue;  // warp-uniform
       const int32_t slot = run + __popc(b & lt);
-      if (m && slots && slot < L.max_tokens) slots[slot] = i;
+      if (dedup) {
+        // The step's 32 ids are 32 / K whole tokens (base is a multiple of 32, K divides 32): a token's
+        // owner mask is one lane match on (token-in-step, owner), as in meta_walk.
+        const uint32_t key = ei >= 0 ? (((uint32_t)tk << 24) | (uint32_t)(ei / Lx)) : (0x80000000u | (uint32_t)W.lane);
+        const uint32_t grp = __match_any_sync(0xffffffffu, key);
+        if (m && slot < L.max_tokens) store_slot_entry(L, peers, a, e, i, kl, (grp >> (tk << kshift)) & kbits, slot);
+      } else if (m && slots && slot < L.max_tokens) {
+        slots[slot] = i;
+      }
       if (m && my_slots) my_slots[i] = slot;
       run += __popc(b);
     }
