@@ -16,12 +16,11 @@ constexpr int kReduceK = 8;
 __global__ void __launch_bounds__(kThreads, 1)
     symm_combine_kernel(SymmLayout L, const uint64_t* peers_g, const uint16_t* expert_out, int64_t out_rows,
                         const float* topk_w, uint16_t* y, int num_tokens, int32_t* host_err, uint64_t timeout_ns,
-                        int lag_mult, int spin_ns, int spread) {
+                        int lag_mult, int spin_ns) {
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
-  Workers W = Workers::cta();
-  W.spread = spread;  // the work list's items warp-major over the CTAs (SYMM_SPREAD, Workers::item_warp)
+  const Workers W = Workers::cta();
   const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_COMBINE, host_err, timeout_ns);
   const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
   const ErrSink& err = call.err;
@@ -90,8 +89,7 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
   // 805 us, lag 2 / 1000 ns 799 us, lag 8 / 1000 ns 732 us, all pushes first 834 us.
   static const int lag_mult = symm_host::env_int("SYMM_COMBINE_LAG", 8);
   static const int spin_ns = symm_host::env_int("SYMM_SPIN_NS", 1000);
-  static const int spread = symm_host::env_int("SYMM_SPREAD", 0) > 0 ? 1 : 0;
   return symm_host::launch_coop(symm_combine_kernel, kThreads, smem, num_sms, stream, L, peers,
                                 static_cast<const uint16_t*>(expert_out), out_rows, topk_w, static_cast<uint16_t*>(y),
-                                num_tokens, host_err, (uint64_t)timeout_ns, lag_mult, spin_ns, spread);
+                                num_tokens, host_err, (uint64_t)timeout_ns, lag_mult, spin_ns);
 }

@@ -16,7 +16,7 @@
 namespace {
 constexpr int kThreads = 512;  // 1 CTA per SM, up to 128 registers
 // Pull: vectors per lane per batch. Dedup kernels (T * K > kMetaWarpMaxIds, or > kPlainPullMaxIds with
-// SYMM_SMALL_DEDUP=1): 7 = two batches (round
+// SYMM_SMALL_DEDUP, the default): 7 = two batches (round
 // trips) per row at H 7168; with the fan-out (one read, several pool rows) 14 spills 16-92 bytes in the
 // 128-register kernel, and a one-row path with 14 or 16 beside it in the same kernel spilled more
 // (v7, ptxas -v). Small-T kernels (plain pull, no fan-out code): 16, a whole row per batch.
@@ -31,20 +31,18 @@ constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it t
 // pull kernel's code (and register allocation) stays what it was.
 // kDedup (PULL kind only; AUTO always, PUSH never): the pull with the dedup fan-out (pool.cuh / dispatch.cuh,
 // layout v7), chosen by the host when this rank's T * K > kMetaWarpMaxIds (> symm::kPlainPullMaxIds with
-// SYMM_SMALL_DEDUP=1 and K dividing 32: its sources then likely send fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
+// SYMM_SMALL_DEDUP (default) and K dividing 32: its sources then likely send fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
 // is correct whatever the sources sent; the choice only moves time.
 template <typename IdxT, int kKind, bool kDedup = kKind != SYMM_KIND_PUSH>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
   // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
-  // bit 1: the static distributions spread warp-major over the CTAs (Workers::item_warp); bit 2: the
-  // pull's padding on the grid's last warps (SYMM_PAD_LATE).
+  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
-  Workers W = Workers::cta();
-  W.spread = (pull_dynamic >> 1) & 1;
+  const Workers W = Workers::cta();
   const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_DISPATCH, host_err, timeout_ns);
   const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
   const ErrSink& err = call.err;
@@ -131,9 +129,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         if (blockIdx.x == 0) publish_layout(W, L, local, t);
         // bit 2 (SYMM_PAD_LATE): the padding (every block's) from the grid's LAST warp down; in a small
-        // call those warps hold no pull item (without SYMM_SPREAD the items sit on CTAs 0-63 at 128
-        // tokens, and padding the used blocks cost the first CTAs ~3 us before their pull, per-CTA
-        // stamps). Any warp order is correct.
+        // call those warps hold no pull item (the items sit on CTAs 0-63 at 128 tokens, and padding
+        // the used blocks cost the first CTAs ~3 us before their pull, per-CTA stamps; measured
+        // 2026-11-30: 1 token 21.95 -> 19.62 us). Any warp order is correct.
         pad_blocks(W, L, local, t, false, false, (pull_dynamic & 4) != 0);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
@@ -217,10 +215,11 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   if (!symm_host::aligned16(x) || !symm_host::aligned16(scales) || !symm_host::aligned16(topk_w) ||
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
-  // SYMM_SMALL_DEDUP=1 (A/B, default 0 until measured): small T sends the dedup encoding too, and the dedup
-  // pull kernel runs from T * K > kPlainPullMaxIds on (the plain one below it: nothing to deduplicate at
-  // a few tokens, and its one round trip per row is shorter).
-  static const int small_dedup = symm_host::env_int("SYMM_SMALL_DEDUP", 0) > 0 ? 1 : 0;
+  // SYMM_SMALL_DEDUP (default 1; 0 for A/B): small T sends the dedup encoding too, and the dedup pull
+  // kernel runs from T * K > kPlainPullMaxIds on (the plain one below it: nothing to deduplicate at a
+  // few tokens, and its one round trip per row is shorter). Measured 2026-11-30 (2 x H200, same lease):
+  // 128 tokens 34.94 -> 32.16 us. Ranks may differ: either pull kernel decodes either encoding.
+  static const int small_dedup = symm_host::env_int("SYMM_SMALL_DEDUP", 1) > 0 ? 1 : 0;
   symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0, small_dedup};
   // SYMM_META_ONEPASS=0: the older two-pass metadata scan for large T (A/B measurements, fallback).
   // The one-pass scan keeps one count per expert in shared memory; beyond kMaxMetaSmem it is not used.
@@ -245,13 +244,11 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // SYMM_PULL_DYNAMIC=0: the old static row distribution of the pull (A/B, fallback). 1 (default):
   // warps take one work item at a time from a local counter (pool.cuh, for_each_pool_row, counter mode).
   // (2, two items per grab, was dropped with the single-copy row loop: it measured no better.)
-  // SYMM_SPREAD=1 (A/B, default 0 until measured): static distributions warp-major over the CTAs, so a
-  // small call's few items reach every SM (at 128 tokens the 1024 pull rows went to CTAs 0-63 only).
-  static const int spread = symm_host::env_int("SYMM_SPREAD", 0) > 0 ? 1 : 0;
-  // SYMM_PAD_LATE=1 (A/B, default 0 until measured): the pull's padding on the grid's last warps.
-  static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 0) > 0 ? 1 : 0;
-  static const int pull_dynamic =
-      (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (spread << 1) | (pad_late << 2);
+  // (SYMM_SPREAD, the static distributions warp-major over the CTAs, measured slower: 35.46 vs
+  // 34.96 us at 128 tokens; removed.) SYMM_PAD_LATE (default 1; 0 for A/B): the pull's padding on the
+  // grid's last warps.
+  static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? 1 : 0;
+  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (pad_late << 2);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =

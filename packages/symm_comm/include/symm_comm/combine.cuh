@@ -209,8 +209,7 @@ __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_
   return true;
 }
 
-// Walks the list: warp w takes items q0, q0 + total_warps, ... (q0 = W.item_warp(); each warp in
-// ascending order, all warps resident: the deadlock argument above holds). Push buckets of a chunk go destinations
+// Walks the list: item q -> warp q % total_warps. Push buckets of a chunk go destinations
 // rank+1, rank+2, ..., rank (remote links first, the local copy last).
 template <int UNROLL, int KB>
 __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
@@ -219,7 +218,7 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
                                             uint16_t* y, uint32_t spin_ns, uint64_t deadline, const ErrSink& err) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
   const int32_t total = s.total();
-  for (int64_t q = W.item_warp(); q < total; q += W.total_warps()) {
+  for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
     const int j = find_segment(s.seg, s.nseg, (int32_t)q);
     int32_t o = (int32_t)q - s.seg[j];
     const int x = j >> 1;

@@ -160,7 +160,7 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
   int32_t* row_src = at<int32_t>(local, L.off_row_src);
   const int bm = L.block_m;
   // from_last: block 0 on the grid's last warp, and so on down (a permutation of the warps)
-  const int64_t b0 = from_last ? W.total_warps() - 1 - W.item_warp() : W.item_warp();
+  const int64_t b0 = from_last ? W.total_warps() - 1 - W.gwarp() : W.gwarp();
 #pragma unroll 1
   for (int64_t b = b0; b < L.num_blocks; b += W.total_warps()) {
     const int64_t r0 = b * bm;
@@ -314,8 +314,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
     if (drow >= 0) ptx::red_add_release_gpu_u32(arr + drow / L.block_m, 1u);
   };
   // Dynamic only with more than 2 items per warp: with fewer (<= 128 tokens at R = 2 on 132 x 16 warps)
-  // every warp has at most 2 items and the grid's ~2k same-address atomics would cost ~1 us (which SMs
-  // hold the items: Workers::item_warp, SYMM_SPREAD).
+  // every warp has at most 2 items and the grid's ~2k same-address atomics would cost ~1 us.
   const bool dynamic = pull_ctr && (int64_t)pool_work_items(L, t) > 2 * W.total_warps();
   for_each_pool_row(W, L, t, dynamic ? pull_ctr : nullptr, one_row);
 }
@@ -570,7 +569,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
       one_group(gi * g);
     }
   } else {
-    for (int64_t gi = W.item_warp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
+    for (int64_t gi = W.gwarp(); gi < ngroups; gi += warps) one_group((int32_t)gi * g);
   }
 }
 

@@ -83,7 +83,7 @@ __device__ __forceinline__ int32_t checked_count(const SymmLayout& L, int e, int
 // Every entry the owner reads was written in this call: the leader reads meta_map only at the ks of
 // its mask, and the mask, like the entries, comes from this call's ids. The one-pass metadata
 // (T * K > kMetaWarpMaxIds) sends this; the small-T path sends plain ids (every row pulls itself)
-// unless DispatchArgs::small_dedup (env SYMM_SMALL_DEDUP=1, K dividing 32: owner masks by a lane match
+// unless DispatchArgs::small_dedup (env SYMM_SMALL_DEDUP, default 1; K dividing 32: owner masks by a lane match
 // over the ids in shared memory). Measured earlier at 128 tokens: dedup moved 4x fewer link bytes in
 // the same time while the metadata's serialised loads held the critical path (perf notes).
 constexpr int32_t kSlotFanOut = 1 << 30;  // ids < 2^30 (symm_layout_compute)

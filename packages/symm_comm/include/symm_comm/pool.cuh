@@ -203,8 +203,7 @@ __device__ __forceinline__ void pool_item(const SymmLayout& L, const PoolTables&
 // Calls fn(s, row, le, slot) for every pool row of the last dispatch, one warp per row, in work-item
 // order (pool_item): the warps in flight at any time spread over all sources, so every NVLink link
 // stays busy. Two ways to hand out the items, one loop (fn is inlined ONCE: see "Code size" above):
-//   ctr == nullptr: static stride, warp w takes items q0, q0 + total_warps, ... (q0 = W.item_warp():
-//     group-major, or warp-major over the groups with SYMM_SPREAD)
+//   ctr == nullptr: static stride, warp w takes items w, w + total_warps, ...
 //   ctr != nullptr: warps grab one item at a time from a local counter (dispatch's pull). Why: the
 //     static stride (total warps) is a multiple of R on every usual grid (132 CTAs x 16 warps), so a
 //     warp always pulls from ONE source: for R = 2 half the warps copy only local rows
@@ -224,7 +223,7 @@ __device__ __forceinline__ void for_each_pool_row(const Workers& W, const SymmLa
                                                   uint32_t* ctr, Fn&& fn) {
   const int32_t nq = pool_work_items(L, t);  // R * T * K < 2^31 (symm_layout_compute)
   const int32_t step = W.total_warps();
-  int32_t q = (int32_t)W.item_warp();  // q < nq + step < 2^31
+  int32_t q = (int32_t)W.gwarp();  // q < nq + step < 2^31
 #pragma unroll 1
   for (;;) {
     if (ctr) {

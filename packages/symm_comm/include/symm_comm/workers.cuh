@@ -16,21 +16,11 @@ struct Workers {
   int group;    // group index in the grid (groups do the same job on different data)
   int ngroups;  // groups in the grid
   int bar_id;   // named barrier of the group (0 with nwarps * 32 == blockDim.x: __syncthreads)
-  int spread;   // static work distributions (item_warp): 0 group-major, 1 warp-major
 
   __device__ __forceinline__ int tid() const { return warp * 32 + lane; }
   __device__ __forceinline__ int nthreads() const { return nwarps * 32; }
   __device__ __forceinline__ int64_t gwarp() const { return (int64_t)group * nwarps + warp; }
   __device__ __forceinline__ int64_t total_warps() const { return (int64_t)ngroups * nwarps; }
-  // This warp's first item in a static distribution (items q, q + total_warps(), ...): group-major
-  // (= gwarp: a few items land on the first groups only, e.g. 1024 rows on CTAs 0-63 of 132) or, with
-  // spread, warp-major (consecutive items on consecutive groups: every group, i.e. every SM, gets some),
-  // rotated by the warp index so one group's warps do not all take items of one residue mod R (the
-  // pull's source is (q + rank) % R: unrotated, ngroups a multiple of R put each CTA on ONE source).
-  // A permutation of [0, total_warps()) either way.
-  __device__ __forceinline__ int64_t item_warp() const {
-    return spread ? (int64_t)warp * ngroups + (group + warp) % ngroups : gwarp();
-  }
   __device__ __forceinline__ int64_t gthread() const { return (int64_t)group * nthreads() + tid(); }
   __device__ __forceinline__ int64_t total_threads() const { return (int64_t)ngroups * nthreads(); }
   __device__ __forceinline__ void sync() const { ptx::named_barrier(bar_id, nwarps * 32); }
@@ -44,7 +34,6 @@ struct Workers {
     w.group = blockIdx.x;
     w.ngroups = gridDim.x;
     w.bar_id = 0;
-    w.spread = 0;
     return w;
   }
 };
