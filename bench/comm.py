@@ -95,6 +95,28 @@ def measure_peer_bw(buf, nbytes):
             max(v for k, v in res.items() if k.startswith("write")))
 
 
+def peer_copy_floor_us(buf, nbytes):
+    """The raw link's time for exactly nbytes (what one op moves over the link at a size): best of a
+    copy-engine copy and an SM copy kernel, per call, each rank reading from (writing to) the next rank
+    at once, timed like our calls (CUDA events, one launch each). Returns (read us, write us)."""
+    R, rank = buf.num_ranks, buf.rank
+    nbytes = min(int(nbytes), buf.nbytes - buf.layout.off_pool_x) // 16 * 16
+    if R < 2 or nbytes <= 0:
+        return float("nan"), float("nan")
+    remote = _peer_view(buf, (rank + 1) % R, buf.layout.off_pool_x, nbytes)
+    local = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
+    fns = {"read_ce": lambda: local.copy_(remote), "write_ce": lambda: remote.copy_(local),
+           "read_sm": lambda: torch.add(remote.view(torch.int32), 0, out=local.view(torch.int32)),
+           "write_sm": lambda: torch.add(local.view(torch.int32), 0, out=remote.view(torch.int32))}
+    res = {}
+    for name, fn in fns.items():
+        dist.barrier()
+        res[name] = time_cuda(fn, warmup=3, reps=10) * 1e6
+    dist.barrier()
+    return (min(v for k, v in res.items() if k.startswith("read")),
+            min(v for k, v in res.items() if k.startswith("write")))
+
+
 def _peer_view(buf, peer, off, nbytes):
     be = buf._backend
     try:
@@ -264,6 +286,10 @@ def _run(rank, R, args):
         n_c = time_cuda(nc, warmup=3, reps=args.reps, setup=lambda i: (nd(), dist.barrier()))
         med = statistics.median
         rr = max(remote_rows) if remote_rows else 0
+        # floors at this size: the link's time for the bytes each op moves across it (dispatch: the
+        # distinct rows read; combine: every remote row written back)
+        floor_read, _ = peer_copy_floor_us(buf, statistics.mean(link_rows) * (H + 4 * S + 4))
+        _, floor_write = peer_copy_floor_us(buf, statistics.mean(remote_rows) * H * 2)
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
@@ -275,6 +301,7 @@ def _run(rank, R, args):
             "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
             "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
             "link_bytes": statistics.mean(link_rows) * (H + 4 * S + 4),
+            "floor_read_us": floor_read, "floor_write_us": floor_write,
         })
     buf.destroy()
     return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
@@ -322,7 +349,7 @@ def main():
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
                   "symm_pair_seq_us", "symm_dispatch_seq_us",
-                  "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us"):
+                  "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us", "floor_read_us", "floor_write_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
         cb = max(p["combine_bytes"] for p in per)
@@ -345,7 +372,7 @@ def main():
             "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
             "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
-            "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl"]
+            "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us"]
     write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)
 
 

@@ -3,7 +3,7 @@
 # (nvcc >= 12.8, x86-64 Linux): runs every GPU test, the benchmarks and compute-sanitizer, and
 # writes results under bench/results/ (GPU name, commit, date); with $OUT set, logs and results are
 # copied there too (logs + results.tgz).
-#   scripts/gpu_check.sh [tests] [bench] [sanitize]      (default: tests bench)
+#   scripts/gpu_check.sh [tests] [bench] [sanitize | sanitize-gemm | sanitize-symm]   (default: tests bench)
 #   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT (default: git), PYTEST_ARGS,
 #        STEP_TIMEOUT (seconds per step, default 540)
 # Environment (library folder, nvshmem4py wheel, multicast off, $OUT): scripts/gpu_env.sh.
@@ -24,21 +24,21 @@ for s in "${steps[@]}"; do
       timeout "$T" python3 bench/comm.py --backend torch >> "$OUT/bench.log" 2>&1; r2=$?
       rc=$((rc | r1 | r2)); grep -E "^\|" "$OUT/bench.log"; echo "bench rc=$r1/$r2"
       cp bench/results/*"${MEGAMOE_COMMIT:-none}"* "$OUT/" 2>/dev/null ;;
-    sanitize)
+    sanitize|sanitize-gemm|sanitize-symm)
       for tool in memcheck racecheck; do
-        for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256"; do
+        [ "$s" = sanitize-symm ] || for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256"; do
           timeout "$T" compute-sanitizer --tool $tool --error-exitcode 9 \
             python3 bench/profile_gemm.py $case >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); tail -1 "$OUT/sanitize_$tool.log"; echo "sanitize $tool ($case) rc=$r"
         done
         # symm_comm on every GPU (one rank each): the pull kernel, and the auto kernel with a low push
-        # threshold so its calls take both paths (1 and 37 tokens pull, 600 push; 600 x top-4 = 2400 ids: the
-        # dedup pull kernel in the pull run). API errors are not
-        # reported: NCCL init and torch's allocator probe unsupported calls on purpose (36 lines, d8dda90).
-        # The ranks are spawned child processes: --target-processes all (explicit, whatever the default).
-        for env in "SYMM_DISPATCH_PUSH=0" "SYMM_DISPATCH_PUSH=2 SYMM_PUSH_MIN_TOKENS=100"; do
+        # threshold so its calls take both paths (1 and 37 tokens pull, 128 and 600 push). In the pull
+        # run: 37 x top-4 = 148 ids the plain pull, 512 the small-T dedup pull, 2400 the dedup pull.
+        # API errors are not reported: NCCL init and torch's allocator probe unsupported calls on
+        # purpose (36 lines, d8dda90). The ranks are spawned child processes: --target-processes all.
+        [ "$s" = sanitize-gemm ] || for env in "SYMM_DISPATCH_PUSH=0" "SYMM_DISPATCH_PUSH=2 SYMM_PUSH_MIN_TOKENS=100"; do
           env $env timeout "$T" compute-sanitizer --tool $tool --target-processes all --report-api-errors no --error-exitcode 9 \
-            python3 bench/profile_comm.py 1 37 600 >> "$OUT/sanitize_$tool.log" 2>&1
+            python3 bench/profile_comm.py 1 37 128 600 >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); grep -E "SUMMARY|Error|wrong" "$OUT/sanitize_$tool.log" | tail -2
           echo "sanitize $tool (symm_comm $env) rc=$r"
         done
