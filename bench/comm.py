@@ -72,24 +72,11 @@ def _routing(rank, T, H, E, K, gen, dev):
 def measure_peer_bw(buf, nbytes):
     """Every rank concurrently copies nbytes from (write: to) the next rank's buffer. Best of a
     copy-engine copy and an SM copy kernel; bytes/s per direction per GPU."""
-    R, rank = buf.num_ranks, buf.rank
-    if R < 2:
+    if buf.num_ranks < 2:
         return float("nan"), float("nan")
-    peer = (rank + 1) % R
-    off = buf.layout.off_pool_x
-    nbytes = min(nbytes, buf.nbytes - off) // 16 * 16
-    remote = _peer_view(buf, peer, off, nbytes)
-    local = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
-    fns = {"read_ce": lambda: local.copy_(remote), "write_ce": lambda: remote.copy_(local)}
-    if remote.device == local.device:
-        fns["read_sm"] = lambda: torch.add(remote.view(torch.int32), 0, out=local.view(torch.int32))
-        fns["write_sm"] = lambda: torch.add(local.view(torch.int32), 0, out=remote.view(torch.int32))
-    res = {}
-    for name, fn in fns.items():
-        dist.barrier()
-        res[name] = nbytes / time_cuda(fn, warmup=3, reps=10)
-    dist.barrier()
-    if rank == 0:
+    nbytes, fns = _peer_copies(buf, nbytes)
+    res = {name: nbytes / t for name, t in _time_copies(fns).items()}
+    if buf.rank == 0:
         print("peer copy GB/s per direction:", {k: round(v / 1e9, 1) for k, v in res.items()}, flush=True)
     return (max(v for k, v in res.items() if k.startswith("read")),
             max(v for k, v in res.items() if k.startswith("write")))
@@ -98,23 +85,38 @@ def measure_peer_bw(buf, nbytes):
 def peer_copy_floor_us(buf, nbytes):
     """The raw link's time for exactly nbytes (what one op moves over the link at a size): best of a
     copy-engine copy and an SM copy kernel, per call, each rank reading from (writing to) the next rank
-    at once, timed like our calls (CUDA events, one launch each). Returns (read us, write us)."""
-    R, rank = buf.num_ranks, buf.rank
-    nbytes = min(int(nbytes), buf.nbytes - buf.layout.off_pool_x) // 16 * 16
-    if R < 2 or nbytes <= 0:
+    at once, timed like our calls (CUDA events, one launch each). Returns (read us, write us).
+    Collective: every rank calls it, whatever its nbytes (at least 16 bytes are copied)."""
+    if buf.num_ranks < 2:
         return float("nan"), float("nan")
-    remote = _peer_view(buf, (rank + 1) % R, buf.layout.off_pool_x, nbytes)
+    res = {name: t * 1e6 for name, t in _time_copies(_peer_copies(buf, max(int(nbytes), 16))[1]).items()}
+    return (min(v for k, v in res.items() if k.startswith("read")),
+            min(v for k, v in res.items() if k.startswith("write")))
+
+
+def _peer_copies(buf, nbytes):
+    """This rank reading from (writing to) the next rank's buffer, nbytes (rounded down to 16, capped
+    by the buffer): copy-engine copies, and SM copy kernels where the peer view is a device tensor.
+    Returns (nbytes, {name: fn})."""
+    off = buf.layout.off_pool_x
+    nbytes = min(nbytes, buf.nbytes - off) // 16 * 16
+    remote = _peer_view(buf, (buf.rank + 1) % buf.num_ranks, off, nbytes)
     local = torch.empty(nbytes, dtype=torch.uint8, device=buf.device)
-    fns = {"read_ce": lambda: local.copy_(remote), "write_ce": lambda: remote.copy_(local),
-           "read_sm": lambda: torch.add(remote.view(torch.int32), 0, out=local.view(torch.int32)),
-           "write_sm": lambda: torch.add(local.view(torch.int32), 0, out=remote.view(torch.int32))}
+    fns = {"read_ce": lambda: local.copy_(remote), "write_ce": lambda: remote.copy_(local)}
+    if remote.device == local.device:
+        fns["read_sm"] = lambda: torch.add(remote.view(torch.int32), 0, out=local.view(torch.int32))
+        fns["write_sm"] = lambda: torch.add(local.view(torch.int32), 0, out=remote.view(torch.int32))
+    return nbytes, fns
+
+
+def _time_copies(fns):
+    """Seconds per call of each copy, every rank at once (barrier before each)."""
     res = {}
     for name, fn in fns.items():
         dist.barrier()
-        res[name] = time_cuda(fn, warmup=3, reps=10) * 1e6
+        res[name] = time_cuda(fn, warmup=3, reps=10)
     dist.barrier()
-    return (min(v for k, v in res.items() if k.startswith("read")),
-            min(v for k, v in res.items() if k.startswith("write")))
+    return res
 
 
 def _peer_view(buf, peer, off, nbytes):

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
   // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
-  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
+  // bit 1 unused (was SYMM_SPREAD, removed); bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
