@@ -211,7 +211,10 @@ def _run(rank, R, args):
     nccl = NcclEP(R, E, H, K)
     gen = torch.Generator(device=dev)
     gen.manual_seed(100 + rank)
-    eo = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)
+    eo2 = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)  # NCCL path's rows
+    eo = eo2
+    if args.layout == "masked":  # the masked combine takes [local experts, max_m, H]
+        eo = torch.randn(buf.num_local_experts, buf.max_m, H, generator=gen, device=dev).to(torch.bfloat16)
     rows_out = []
     for T in args.tokens:
         rots = [_routing(rank, T, H, E, K, gen, dev) for _ in range(args.rotations)]
@@ -219,7 +222,7 @@ def _run(rank, R, args):
         remote_rows, link_rows = [], []
         Lay = buf.layout
         for r in rots:
-            *_, h = buf.dispatch(*r, check=True)
+            *_, h = buf.dispatch(*r, check=True, layout=args.layout)
             sc = buf.raw[Lay.off_src_counts: Lay.off_src_counts + 4 * buf.num_local_experts * R]
             sc = sc.view(torch.int32).view(buf.num_local_experts, R).sum(0)
             remote_rows.append(int(sc.sum()) - int(sc[rank]))
@@ -235,7 +238,7 @@ def _run(rank, R, args):
 
         def d(i):
             def f(rep):
-                state[i] = buf.dispatch(*rots[(rep + i) % len(rots)])[-1]
+                state[i] = buf.dispatch(*rots[(rep + i) % len(rots)], layout=args.layout)[-1]
             return f
 
         def c(i):
@@ -256,10 +259,10 @@ def _run(rank, R, args):
         pair_seq = statistics.median(time_cuda_sequence_total(fns * 4, warmup=1, reps=args.reps, skip=2)) / (seq_pairs - 1)
         buf.check_errors()
         # host-inclusive single calls
-        it = {"i": 0, "h": buf.dispatch(*rots[0])[-1]}
+        it = {"i": 0, "h": buf.dispatch(*rots[0], layout=args.layout)[-1]}
 
         def host_pair_d():
-            it["h"] = buf.dispatch(*rots[it["i"] % npairs])[-1]
+            it["h"] = buf.dispatch(*rots[it["i"] % npairs], layout=args.layout)[-1]
 
         def host_pair_c():
             buf.combine(eo, it["h"])
@@ -278,7 +281,7 @@ def _run(rank, R, args):
 
         def nc():
             pool = nst["h"][0]
-            nccl.combine(eo[: pool.shape[0]], nst["h"][2])
+            nccl.combine(eo2[: pool.shape[0]], nst["h"][2])
             nst["i"] += 1
 
         dist.barrier()
@@ -318,6 +321,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rotations", type=int, default=4)
     ap.add_argument("--backend", default="torch")
+    ap.add_argument("--layout", default="contiguous", choices=["contiguous", "masked"],
+                    help="symm_comm dispatch output layout (masked: [local experts, max_m, H], CUDA-graph decode)")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     if world < 1:
@@ -367,7 +372,8 @@ def main():
         row["speedup_dispatch_vs_nccl"] = row["nccl_dispatch_us"] / row["symm_dispatch_us"]
         row["speedup_combine_vs_nccl"] = row["nccl_combine_us"] / row["symm_combine_us"]
         rows.append(row)
-    head = header({"ranks": world, "backend": args.backend, "hidden": args.hidden, "experts": args.experts,
+    head = header({"ranks": world, "backend": args.backend, "layout": args.layout, "hidden": args.hidden,
+                   "experts": args.experts,
                    "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
@@ -375,7 +381,8 @@ def main():
             "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us"]
-    write_results(f"comm-{args.backend}-ep{world}", head, rows, cols)
+    lay = "" if args.layout == "contiguous" else f"-{args.layout}"
+    write_results(f"comm-{args.backend}-ep{world}{lay}", head, rows, cols)
 
 
 if __name__ == "__main__":

@@ -114,16 +114,14 @@ __device__ __forceinline__ bool check_capacity(const Workers& W, const SymmLayou
                                                bool masked, const ErrSink& err) {
   const int Lx = L.num_local_experts;
   if (masked) {
-    bool ok = true;
-    for (int le = 0; le < Lx; ++le) {
-      if (t.le_count[le] > L.max_m) {
-        if (W.group == 0 && W.tid() == 0)
-          report_error(err, SYMM_ERR_MASKED_OVERFLOW, SYMM_PHASE_DISPATCH_LAYOUT, le, t.le_count[le]);
-        ok = false;
-        break;
-      }
+    // The first overflowing local expert, found while the tables were built (build_pool_tables).
+    const int le = t.scratch[PoolTables::kMaskedOverflow];
+    if (le < Lx) {
+      if (W.group == 0 && W.tid() == 0)
+        report_error(err, SYMM_ERR_MASKED_OVERFLOW, SYMM_PHASE_DISPATCH_LAYOUT, le, t.le_count[le]);
+      return false;
     }
-    return ok;
+    return true;
   }
   if ((int64_t)t.le_start[Lx] > L.pool_rows) {
     if (W.group == 0 && W.tid() == 0)
