@@ -127,6 +127,28 @@ __device__ __forceinline__ void send_slot(const SymmLayout& L, const uint64_t* p
   store_slot_entry(L, peers, a, e, i, k, owner_kmask<IdxT>(L, a.topk_idx, tok, e / L.num_local_experts), slot);
 }
 
+// K dividing 32, ids walked 32 per warp step from a multiple of 32 (flat id = token * K + k): lane l
+// holds k = l % K of the step's token l / K, so the ks of a lane's token whose expert lives on the
+// same owner as the lane's own id are one __match_any_sync on (token-in-step, owner): no id reloads,
+// no division per k. Used by the small-T scan (push_metadata_warp) and the one-pass walk (meta_walk).
+struct LaneTokens {
+  int kshift;      // log2 K
+  int tk, kl;      // this lane's token in the step, its k
+  uint32_t kbits;  // K low bits
+  __device__ __forceinline__ LaneTokens(int K, int lane) {
+    kshift = __ffs(K) - 1;
+    tk = lane >> kshift;
+    kl = lane & (K - 1);
+    kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
+  }
+  // All lanes call it (warp-synchronous). e: this lane's expert (< 0: none, matches no other lane).
+  // Returns bit k set for every k of the lane's token routed to e's owner (meaningless for e < 0).
+  __device__ __forceinline__ uint32_t owner_mask(int32_t e, int Lx, int lane) const {
+    const uint32_t key = e >= 0 ? (((uint32_t)tk << 24) | (uint32_t)(e / Lx)) : (0x80000000u | (uint32_t)lane);
+    return (__match_any_sync(0xffffffffu, key) >> (tk << kshift)) & kbits;
+  }
+};
+
 // Bit u of the result: id base + 32u + lane lies in [base, end) and routes to expert e. One batch of
 // loads, shared by the count pass and the slot pass of push_metadata; base < end.
 // Every load is unconditional (index clamped to end - 1) into its own register, so the U loads issue back
@@ -252,9 +274,7 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   const uint32_t lt = (1u << W.lane) - 1u;
   const int K = L.topk;
   const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0 && N > kPlainPullMaxIds;
-  const int kshift = __ffs(K) - 1;  // log2 K when K divides 32
-  const int tk = W.lane >> kshift, kl = W.lane & (K - 1);
-  const uint32_t kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
+  const LaneTokens lt_tok(K, W.lane);  // used when dedup (K divides 32)
   for (int64_t ew = W.gwarp(); ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
@@ -271,9 +291,8 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
       if (dedup) {
         // The step's 32 ids are 32 / K whole tokens (base is a multiple of 32, K divides 32): a token's
         // owner mask is one lane match on (token-in-step, owner), as in meta_walk.
-        const uint32_t key = ei >= 0 ? (((uint32_t)tk << 24) | (uint32_t)(ei / Lx)) : (0x80000000u | (uint32_t)W.lane);
-        const uint32_t grp = __match_any_sync(0xffffffffu, key);
-        if (m && slot < L.max_tokens) store_slot_entry(L, peers, a, e, i, kl, (grp >> (tk << kshift)) & kbits, slot);
+        const uint32_t km = lt_tok.owner_mask(ei, Lx, W.lane);
+        if (m && slot < L.max_tokens) store_slot_entry(L, peers, a, e, i, lt_tok.kl, km, slot);
       } else if (m && slots && slot < L.max_tokens) {
         slots[slot] = i;
       }
@@ -318,9 +337,7 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
   // on (token-in-step, owner): no id loads, no division, sent from inside the walk. Other K: the rolled
   // send loop below (owner_kmask's loads).
   const bool lane_tokens = kSlots && sends_slots(a) && (32 % K) == 0;
-  const int kshift = __ffs(K) - 1;  // log2 K when K divides 32
-  const int tk = lane >> kshift, kl = lane & (K - 1);
-  const uint32_t kbits = K >= 32 ? 0xFFFFFFFFu : ((1u << K) - 1u);
+  const LaneTokens lt_tok(K, lane);  // used when lane_tokens
   for (int64_t base = beg; base < end; base += 32 * kMetaWalkBatch) {
     int32_t ev[kMetaWalkBatch];
 #pragma unroll
@@ -343,10 +360,8 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       __syncwarp();  // the update is visible to the next step
       const int32_t slot = before + __popc(same & lt);
       if (lane_tokens) {
-        const uint32_t key = e >= 0 ? (((uint32_t)tk << 24) | (uint32_t)(e / Lx)) : (0x80000000u | (uint32_t)lane);
-        const uint32_t grp = __match_any_sync(0xffffffffu, key);  // my token's lanes with my owner
-        if (e >= 0 && slot < L.max_tokens)
-          store_slot_entry(L, peers, a, e, base + u * 32 + lane, kl, (grp >> (tk << kshift)) & kbits, slot);
+        const uint32_t km = lt_tok.owner_mask(e, Lx, lane);  // my token's ks with my owner
+        if (e >= 0 && slot < L.max_tokens) store_slot_entry(L, peers, a, e, base + u * 32 + lane, lt_tok.kl, km, slot);
         if (e >= 0 && keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
       } else if (kSlots && e >= 0) {
         // local inverse map (the push's; here also the input of the sends below)
