@@ -211,8 +211,8 @@ def _run(rank, R, args):
     nccl = NcclEP(R, E, H, K)
     gen = torch.Generator(device=dev)
     gen.manual_seed(100 + rank)
-    eo2 = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)  # NCCL path's rows
-    eo = eo2
+    eo_rows = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)  # NCCL path's rows
+    eo = eo_rows
     if args.layout == "masked":  # the masked combine takes [local experts, max_m, H]
         eo = torch.randn(buf.num_local_experts, buf.max_m, H, generator=gen, device=dev).to(torch.bfloat16)
     rows_out = []
@@ -281,7 +281,7 @@ def _run(rank, R, args):
 
         def nc():
             pool = nst["h"][0]
-            nccl.combine(eo2[: pool.shape[0]], nst["h"][2])
+            nccl.combine(eo_rows[: pool.shape[0]], nst["h"][2])
             nst["i"] += 1
 
         dist.barrier()
