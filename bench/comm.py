@@ -205,8 +205,9 @@ def _run(rank, R, args):
     E, H, K = args.experts, args.hidden, args.topk
     S = H // 128
     Tmax = max(args.tokens)
+    pull = args.combine == "pull"
     buf = symm_comm.Buffer(None, E, H, K, Tmax, backend=args.backend, check=False, timeout_s=60.0,
-                           verbose=True)
+                           verbose=True, combine_input_rows=-1 if pull else 0)
     read_bw, write_bw = measure_peer_bw(buf, 1 << 30)
     nccl = NcclEP(R, E, H, K)
     gen = torch.Generator(device=dev)
@@ -215,6 +216,8 @@ def _run(rank, R, args):
     eo = eo_rows
     if args.layout == "masked":  # the masked combine takes [local experts, max_m, H]
         eo = torch.randn(buf.num_local_experts, buf.max_m, H, generator=gen, device=dev).to(torch.bfloat16)
+    if pull:  # the pull combine reads the rows in place: the producer writes them into the buffer's region
+        eo = buf.combine_input(masked=args.layout == "masked").copy_(eo)
     rows_out = []
     for T in args.tokens:
         rots = [_routing(rank, T, H, E, K, gen, dev) for _ in range(args.rotations)]
@@ -323,6 +326,9 @@ def main():
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--layout", default="contiguous", choices=["contiguous", "masked"],
                     help="symm_comm dispatch output layout (masked: [local experts, max_m, H], CUDA-graph decode)")
+    ap.add_argument("--combine", default="push", choices=["push", "pull"],
+                    help="push: expert_out a plain tensor (rows stored into the sources' combine buffers); pull: "
+                         "expert_out written into buf.combine_input() (every rank reads its rows in place)")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     if world < 1:
@@ -372,7 +378,8 @@ def main():
         row["speedup_dispatch_vs_nccl"] = row["nccl_dispatch_us"] / row["symm_dispatch_us"]
         row["speedup_combine_vs_nccl"] = row["nccl_combine_us"] / row["symm_combine_us"]
         rows.append(row)
-    head = header({"ranks": world, "backend": args.backend, "layout": args.layout, "hidden": args.hidden,
+    head = header({"ranks": world, "backend": args.backend, "layout": args.layout, "combine": args.combine,
+                   "hidden": args.hidden,
                    "experts": args.experts,
                    "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
@@ -381,7 +388,7 @@ def main():
             "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us"]
-    lay = "" if args.layout == "contiguous" else f"-{args.layout}"
+    lay = ("" if args.layout == "contiguous" else f"-{args.layout}") + ("-pull" if args.combine == "pull" else "")
     write_results(f"comm-{args.backend}-ep{world}{lay}", head, rows, cols)
 
 

@@ -29,11 +29,15 @@ def _worker(rank, world, port, tokens):
     init_rank(rank, world, port)
     import symm_comm
     E, H, K = 256, 7168, 8
-    buf = symm_comm.Buffer(None, E, H, K, max(tokens), check=False, timeout_s=60.0)
+    pull = os.environ.get("STAMPS_COMBINE", "push") == "pull"  # the pull combine (rows in buf.combine_input())
+    buf = symm_comm.Buffer(None, E, H, K, max(tokens), check=False, timeout_s=60.0,
+                           combine_input_rows=-1 if pull else 0)
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev)
     gen.manual_seed(7 + rank)
     eo = torch.randn(buf.pool_rows, H, generator=gen, device=dev).to(torch.bfloat16)
+    if pull:
+        eo = buf.combine_input().copy_(eo)
     off = buf.layout.off_state + STAMPS
     for T in tokens:
         rots = [_routing(rank, T, H, E, K, gen, dev) for _ in range(4)]

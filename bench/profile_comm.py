@@ -1,7 +1,7 @@
 """A small symm_comm workload for compute-sanitizer and ncu: on every GPU of the machine (one rank
 each), a few dispatch (contiguous and masked) + combine calls at small shapes, fresh routing each call,
 then a check of the combine against the local sum of what was dispatched (catches a run that silently
-did nothing) and the buffer's error word. Run it under the tool, e.g.
+did nothing) and the buffer's error word; then the pull combine of the same rows (bitwise equal). Run it under the tool, e.g.
   compute-sanitizer --tool memcheck python3 bench/profile_comm.py [tokens ...]
 The dispatch mode follows SYMM_DISPATCH_PUSH / SYMM_PUSH_MIN_TOKENS as usual. SYMM_PROFILE_SHAPE="E,H,K"
 (default "8 * ranks,512,4") sets the experts, hidden size and top-k, e.g. the bench's "256,7168,8" for ncu:
@@ -29,7 +29,8 @@ def _worker(rank, world, port, tokens):
     import symm_comm
     shape = os.environ.get("SYMM_PROFILE_SHAPE")
     E, H, K = (int(v) for v in shape.split(",")) if shape else (8 * world, 512, 4)
-    buf = symm_comm.Buffer(None, E, H, K, max(tokens), timeout_s=300.0, max_m=max(tokens) * world)
+    buf = symm_comm.Buffer(None, E, H, K, max(tokens), timeout_s=300.0, max_m=max(tokens) * world,
+                           combine_input_rows=-1)
     dev = torch.device("cuda", rank)
     gen = torch.Generator(device=dev)
     gen.manual_seed(11 + rank)
@@ -47,6 +48,13 @@ def _worker(rank, world, port, tokens):
             bad = (y.float() - ref.float()).abs() > 1e-2 * ref.float().abs() + 1e-3
             if bad.any():
                 raise RuntimeError(f"rank {rank} T={T} {layout}: {int(bad.sum())} wrong elements")
+            # the pull combine of the same rows (written into the buffer's input region): the same bits
+            ci = buf.combine_input(masked=layout == "masked")
+            ci.copy_(eo)
+            y2 = buf.combine(ci, h)
+            buf.check_errors()
+            if not torch.equal(y2.view(torch.int16), y.view(torch.int16)):
+                raise RuntimeError(f"rank {rank} T={T} {layout}: pull combine differs from the push combine")
             print(f"rank {rank} T={T} {layout}: ok", flush=True)
     dist.barrier()
     buf.destroy()

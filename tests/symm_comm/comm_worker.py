@@ -287,7 +287,23 @@ def one_round(buf, x, s, idx, w, layout, weighted=False, poison=True, a2a=False,
     if a2a:
         ref2 = a2a_reference_combine(buf, eo, rows_total, idx, w, weighted)
         assert torch.equal(y.view(torch.int16), ref2.view(torch.int16)), "combine differs from the all-to-all reference"
+    if buf.layout.cmb_in_rows > 0:  # the pull combine of the same rows: the same bits (every rank pulls here)
+        pull_combine_check(buf, eo, h, w if weighted else None, ref, masked)
     return outs
+
+
+def pull_combine_check(buf, eo, h, w, ref, masked):
+    """Expert rows written into buf.combine_input() (the rest of the region poisoned with NaN), combined
+    by the pull path into a poisoned output; must equal `ref` bit for bit."""
+    H = buf.hidden
+    view = buf.combine_input()
+    view.fill_(float("nan"))
+    n = eo.numel() // H
+    view[:n] = eo.reshape(n, H)
+    y = torch.full((h.num_tokens, H), float("nan"), device=view.device, dtype=torch.bfloat16)
+    y = buf.combine(buf.combine_input(masked=masked), h, topk_w=w, out=y)
+    assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), \
+        f"pull combine differs from the formula at {int((y != ref).sum())} elements"
 
 
 def expect_error(fn, cls, *words):
@@ -309,7 +325,7 @@ def run_all(backend, scenarios, res):
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234 + rank)
     E, H, K, T_max = 32, 7168, 8, 128
-    buf = symm_comm.Buffer(None, E, H, K, T_max, backend=backend, timeout_s=30.0)
+    buf = symm_comm.Buffer(None, E, H, K, T_max, backend=backend, timeout_s=30.0, combine_input_rows=-1)
     rep = buf.memory_report()
     assert rep["total"] == buf.nbytes > 0
     res["bytes"] = buf.nbytes
@@ -410,6 +426,7 @@ def run_all(backend, scenarios, res):
             return f.to(torch.bfloat16).view(Lx, mm, H)
 
         y = torch.empty((T, H), dtype=torch.bfloat16, device=dev)
+        y2 = torch.empty_like(y)
         one_round(buf, x, s, idx, w, "masked", weighted=True)  # eager first: the launchers' one-time setup
         torch.cuda.synchronize()
         dist.barrier()
@@ -418,6 +435,8 @@ def run_all(backend, scenarios, res):
             outs = buf.dispatch(x, s, idx, w, layout="masked", check=False)
             eo = expert_out()
             buf.combine(eo, outs[-1], topk_w=w, out=y, check=False)
+            buf.combine_input(masked=True).copy_(eo)  # and the pull combine of the same rows
+            buf.combine(buf.combine_input(masked=True), outs[-1], topk_w=w, out=y2, check=False)
         torch.cuda.synchronize()
         dist.barrier()
         for i in range(12):
@@ -428,6 +447,7 @@ def run_all(backend, scenarios, res):
             buf.pool_s.fill_(float("nan"))
             buf.pool_w.fill_(float("nan"))
             y.fill_(float("nan"))
+            y2.fill_(float("nan"))
             g.replay()
             torch.cuda.synchronize()
             buf.check_errors()
@@ -435,6 +455,7 @@ def run_all(backend, scenarios, res):
             check_dispatch(buf, outs, inputs_all, True, buf.max_tokens)
             ref = expected_combine(rank, idx, w, H, E, True)
             assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), f"graph replay {i}: combine differs"
+            assert torch.equal(y2.view(torch.int16), ref.view(torch.int16)), f"graph replay {i}: pull combine differs"
         del g
         torch.cuda.synchronize()
         # the buffer stays usable eagerly after the replays (device epochs advanced without the host)
@@ -466,7 +487,7 @@ def run_all(backend, scenarios, res):
         with the small path on other ranks / calls; duplicate ids in a token (k order inside a token),
         one hot expert, 1 and 3 CTAs (several walk batches per CTA), int32 ids, back-to-back calls."""
         Eb, Hb, Tb = 64, 512, 640
-        big = symm_comm.Buffer(None, Eb, Hb, K, Tb, backend=backend, timeout_s=30.0)
+        big = symm_comm.Buffer(None, Eb, Hb, K, Tb, backend=backend, timeout_s=30.0, combine_input_rows=-1)
         try:
             T = [Tb, 300, 200, 512][rank % 4]
             x, s, idx, w = make_inputs(rank, T, Hb, Eb, K, gen)
@@ -506,7 +527,7 @@ def run_all(backend, scenarios, res):
             big.destroy()
         # top-6 (K does not divide 32): the one-pass metadata's dedup sends take the owner-mask loads
         # (metadata.cuh meta_walk, rolled loop) instead of the lane match of K = 8
-        odd = symm_comm.Buffer(None, 8 * R, 256, 6, 420, backend=backend, timeout_s=30.0)
+        odd = symm_comm.Buffer(None, 8 * R, 256, 6, 420, backend=backend, timeout_s=30.0, combine_input_rows=-1)
         try:
             x6, s6, i6, w6 = make_inputs(rank, 420 - 30 * (rank % 2), 256, 8 * R, 6, gen)
             i6[::4, 2] = i6[::4, 1]  # duplicates inside a token
@@ -564,6 +585,20 @@ def run_all(backend, scenarios, res):
         x, s, idx, w = make_inputs(rank, 40, H, E, K, gen)
         one_round(buf, x, s, idx, w, "contiguous", weighted=True, a2a=True)
         one_round(buf, x, s, idx, w, "masked")
+        # combine modes that disagree: rank 0 pulls, the others push. Rank 0 sees a peer's push start
+        # signal and reports the mode error (never reads rows); the others wait for rank 0's rows and time out.
+        buf.timeout_ns = int(2e9)
+        *_, h = buf.dispatch(x, s, idx, w)
+        eo = expert_out_from_row_src(buf, h.num_rows())
+        if rank == 0:
+            v = buf.combine_input()
+            v[:eo.shape[0]] = eo
+            expect_error(lambda: buf.combine(v, h), SymmCommError, "rank 0", "disagree on the combine mode")
+        else:
+            expect_error(lambda: buf.combine(eo, h), SymmTimeoutError, f"rank {rank}", "combine")
+        buf.resync()
+        buf.timeout_ns = int(30e9)
+        one_round(buf, x, s, idx, w, "contiguous", weighted=True)
 
     def auto_modes():
         """SYMM_DISPATCH_PUSH=2 with SYMM_PUSH_MIN_TOKENS=64 (set by test_comm_auto_mode): calls on both sides

@@ -16,23 +16,28 @@ def test_struct_mirror_size():
     lib = _lib_or_skip().lib
     from symm_comm._lib import SymmLayout
     assert lib.symm_layout_size() == ctypes.sizeof(SymmLayout)
-    assert lib.symm_abi_version() == 1
+    assert lib.symm_abi_version() == 2
     for code in (0, -1, -2, -3, -4):
         assert lib.symm_error_string(code)
 
 
+@pytest.mark.parametrize("cin", [0, -1, 100])
 @pytest.mark.parametrize("R,E,H,K,T,bm", [(1, 8, 256, 2, 16, 128), (2, 256, 7168, 8, 4096, 128),
                                           (8, 256, 1024, 8, 65536, 128),
                                           (8, 256, 7168, 8, 128, 64), (4, 384, 4096, 6, 1, 128),
                                           (3, 6, 128, 3, 5, 7)])
-def test_layout_regions(R, E, H, K, T, bm):
-    L = _layout(R, R - 1, E, H, K, T, bm)
+def test_layout_regions(R, E, H, K, T, bm, cin):
+    if cin > 0:
+        cin = min(cin, _layout(R, R - 1, E, H, K, T, bm).pool_rows)  # at most the pool's rows
+    L = _layout(R, R - 1, E, H, K, T, bm, cmb_in_rows=cin)
+    rows_in = L.pool_rows if cin < 0 else cin
+    assert L.cmb_in_rows == rows_in
     Lx, S = E // R, H // 128
     assert (L.num_ranks, L.rank, L.num_local_experts, L.scale_cols) == (R, R - 1, Lx, S)
     # combine chunks: a power of two >= 16 tokens, C chunks cover T, shared tables (R + 5) * C <= 8192 ints
     ch, C = L.combine_chunk, L.num_chunks
     assert ch >= 16 and ch & (ch - 1) == 0 and C == -(-T // ch) and (R + 5) * C <= 8192
-    assert L.version == 7
+    assert L.version == 8
     # default pool: contiguous worst case, a multiple of block_m, and room for the masked layout
     assert L.pool_rows % bm == 0
     assert L.pool_rows >= R * T * K + Lx * (bm - 1)
@@ -48,16 +53,25 @@ def test_layout_regions(R, E, H, K, T, bm):
             "cmb_hist": R * C * 4, "cmb_order": R * C * ch * K * 4, "cmb_arr": 2 * T * 4,
             "src_counts": Lx * R * 4, "exp_counts": Lx * 4, "exp_offsets": (Lx + 1) * 4,
             "arrivals": L.num_blocks * 4, "row_src": L.pool_rows * 4, "pool_x": L.pool_rows * H,
-            "pool_s": L.pool_rows * S * 4, "pool_w": L.pool_rows * 4, "combine": 2 * K * T * H * 2}
+            "pool_s": L.pool_rows * S * 4, "pool_w": L.pool_rows * 4, "combine": 2 * K * T * H * 2,
+            "cmb_map": T * K * 4 if rows_in else 0, "cmb_in": rows_in * H * 2}
     rb = region_bytes(L)
     for r in REGIONS:
         assert rb[r] >= need[r], r
         assert rb[r] - need[r] < 1024 + 32, r  # only alignment padding
-    assert L.total_bytes == offs[-1] + rb["combine"]
+    assert L.total_bytes == offs[-1] + rb["cmb_in"]
     # halves are 16-byte multiples so every half starts 16-byte aligned
     for h in ("meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half", "stage_w_half", "combine_half",
               "cmb_arr_half", "meta_all_half", "meta_map_half"):
         assert getattr(L, h) % 16 == 0
+
+
+def test_layout_rejects_cmb_in_rows_above_pool():
+    _lib_or_skip()
+    from symm_comm.layout import compute_layout
+    L = compute_layout(2, 0, 16, 256, 2, 64, 128)
+    with pytest.raises(RuntimeError, match="invalid size"):
+        compute_layout(2, 0, 16, 256, 2, 64, 128, cmb_in_rows=L.pool_rows + 1)
 
 
 def test_layout_explicit_pool_and_max_m():

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
     ptx::fence_acq_rel_sys();
     __syncthreads();
-    rank_signal(s_peers, L, SYMM_OP_COMBINE, epoch, threadIdx.x);
+    rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, false), threadIdx.x);
   }
   // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
   // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.
@@ -52,8 +52,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
     report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
-  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, epoch - 1, threadIdx.x, deadline, err,
-                                 SYMM_PHASE_COMBINE_RANKS);
+  // (either mode: a pull call c - 1 read no combine half)
+  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false), threadIdx.x, deadline,
+                                 err, SYMM_PHASE_COMBINE_RANKS, /*detail = epochs*/ 1);
   // WAR guard (above): every thread's peer stores in combine_run come after this bar.sync, which
   // follows thread r's ld.acquire.sys of rank r's signal.
   const bool go = __syncthreads_and(started);
@@ -68,7 +69,57 @@ __global__ void __launch_bounds__(kThreads, 1)
       cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
     stamp(local, L, 9);
 }
+// Pull combine (layout v8, combine.cuh "pull combine"): start signal -> wait for every rank's -> read and
+// reduce. One cooperative launch (every CTA waits for the signals: all must be resident).
+__global__ void __launch_bounds__(kThreads, 1)
+    symm_combine_pull_kernel(SymmLayout L, const uint64_t* peers_g, const float* topk_w, uint16_t* y, int num_tokens,
+                             int32_t* host_err, uint64_t timeout_ns) {
+  using namespace symm;
+  __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
+  const Workers W = Workers::cta();
+  const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_COMBINE, host_err, timeout_ns);
+  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
+  const ErrSink& err = call.err;
+  const int parity = (int)(epoch & 1);
+  const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;
+  if (st0) stamp(local, L, 6);
+  // CTA 0: zero cmb_arr[parity ^ 1] as a push call does (a push call epoch + 1 counts into it; same
+  // contract as in symm_combine_kernel), then signal "started epoch, pulling" to every rank (itself
+  // included). fence.acq_rel.sys + bar.sync + st.release.sys: cumulative over the zeroing and over
+  // every earlier kernel on this stream (cmb_in's producer, the dispatch's cmb_map stores into peers).
+  if (blockIdx.x == 0) {
+    uint32_t* other = cmb_arr(local, L, parity ^ 1);
+    for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
+    ptx::fence_acq_rel_sys();
+    __syncthreads();
+    rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true), threadIdx.x);
+  }
+  const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
+  // bar.sync after thread r's acquire of rank r's signal: every thread's loads below are ordered after it.
+  const bool go = __syncthreads_and(started);
+  if (st0) stamp(local, L, 7);
+  if (go) combine_pull_run<kReduceK>(W, L, s_peers, local, num_tokens, topk_w, y, err);
+  if (st0) stamp(local, L, 8);
+  __syncthreads();
+  if (threadIdx.x == 0 &&
+      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
+    stamp(local, L, 9);
+}
 }  // namespace
+
+extern "C" int symm_combine_pull(const SymmLayout* layout, const uint64_t* peers, const float* topk_w, void* y,
+                                 int num_tokens, int num_sms, int64_t timeout_ns, int32_t* host_err,
+                                 cudaStream_t stream) {
+  int rc = symm_host::check_layout(layout);
+  if (rc) return rc;
+  const SymmLayout& L = *layout;
+  if (!peers || L.cmb_in_rows <= 0 || num_tokens < 0 || num_tokens > L.max_tokens || timeout_ns <= 0)
+    return SYMM_EINVAL;
+  if (num_tokens > 0 && !y) return SYMM_EINVAL;
+  if (!symm_host::aligned16(y) || !symm_host::aligned16(topk_w) || !symm_host::aligned16(peers)) return SYMM_EALIGN;
+  return symm_host::launch_coop(symm_combine_pull_kernel, kThreads, 0, num_sms, stream, L, peers, topk_w,
+                                static_cast<uint16_t*>(y), num_tokens, host_err, (uint64_t)timeout_ns);
+}
 
 extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, const void* expert_out, int64_t out_rows,
                             const float* topk_w, void* y, int num_tokens, int num_sms, int64_t timeout_ns,

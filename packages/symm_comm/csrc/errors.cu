@@ -15,14 +15,14 @@ extern "C" const char* symm_error_string(int code) {
   }
 }
 
-extern "C" int symm_abi_version(void) { return 1; }
+extern "C" int symm_abi_version(void) { return 2; }  // 2: symm_layout_init(cmb_in_rows), symm_combine_pull
 extern "C" int symm_layout_size(void) { return (int)sizeof(SymmLayout); }
 
 extern "C" int symm_layout_init(SymmLayout* out, int num_ranks, int rank, int num_experts, int hidden, int topk,
-                                int max_tokens, int block_m, int64_t pool_rows, int max_m) {
+                                int max_tokens, int block_m, int64_t pool_rows, int max_m, int64_t cmb_in_rows) {
   if (!out) return SYMM_EINVAL;
   return symm_layout_compute(out, num_ranks, rank, num_experts, hidden, topk, max_tokens, block_m, pool_rows,
-                             max_m) == 0
+                             max_m, cmb_in_rows) == 0
              ? SYMM_OK
              : SYMM_EINVAL;
 }

@@ -25,9 +25,10 @@ enum {
 SYMM_API const char* symm_error_string(int code);
 SYMM_API int symm_abi_version(void);
 SYMM_API int symm_layout_size(void);  // sizeof(SymmLayout), for the ctypes mirror
-// Fills *out (see layout.cuh). pool_rows <= 0 / max_m <= 0: defaults.
+// Fills *out (see layout.cuh). pool_rows <= 0 / max_m <= 0: defaults. cmb_in_rows: rows of the pull
+// combine's input region (0: none, < 0: pool_rows).
 SYMM_API int symm_layout_init(SymmLayout* out, int num_ranks, int rank, int num_experts, int hidden, int topk,
-                              int max_tokens, int block_m, int64_t pool_rows, int max_m);
+                              int max_tokens, int block_m, int64_t pool_rows, int max_m, int64_t cmb_in_rows);
 // SYMM_ERR_WORDS int32 of zeroed, device-mapped, pinned host memory (the error mirror).
 SYMM_API int symm_host_words_alloc(int32_t** out);
 SYMM_API int symm_host_words_free(int32_t* p);
@@ -54,6 +55,15 @@ SYMM_API int symm_dispatch_kind(const SymmLayout* layout, int num_tokens, int mo
 SYMM_API int symm_combine(const SymmLayout* layout, const uint64_t* peers, const void* expert_out, int64_t out_rows,
                           const float* topk_w, void* y, int num_tokens, int num_sms, int64_t timeout_ns,
                           int32_t* host_err, cudaStream_t stream);
+
+// Pull combine of the last dispatch (layout cmb_in_rows > 0): every rank's expert outputs are in its
+// buffer's cmb_in region (BF16 [cmb_in_rows, H], pool row order), written before this call on the stream;
+// each rank reads its tokens' rows from the owners and reduces them in registers. Every rank must pull
+// in the same call (checked: SYMM_ERR_COMBINE_MODE). The rows must stay unchanged until every rank's
+// combine has read them (the next dispatch's cross-rank barrier guarantees it).
+SYMM_API int symm_combine_pull(const SymmLayout* layout, const uint64_t* peers, const float* topk_w, void* y,
+                               int num_tokens, int num_sms, int64_t timeout_ns, int32_t* host_err,
+                               cudaStream_t stream);
 
 // Sets the local state: epochs (dispatch, combine), grid-barrier words 0, error word 0, and every
 // arrival counter to dispatch_epoch * block_m. Used at creation and by the collective resync.

@@ -244,5 +244,103 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
   }
 }
 
+// ==== pull combine (layout v8: cmb_in_rows > 0) ==========================================================
+// Every rank's producer wrote its expert outputs into its own cmb_in region (pool row order) before the
+// call; each rank then READS the rows of its own tokens from the owners and reduces them in registers:
+//   y[t] = BF16( sum over k in kmask[t], in order, of [w[t,k] *] cmb_in@owner(t,k)[row(t,k)] )
+// with (owner, row) from cmb_map (written by the owners in the dispatch). No combine buffer, no per-token
+// counters, no second pass: the local rows and the reduction overlap the remote reads, and a token's
+// rows are read once. Same FP32 arithmetic and order as combine_reduce_item (the results are identical).
+// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true) (st.release.sys,
+// after fence.acq_rel.sys) only from inside its combine kernel, i.e. after every earlier kernel on its
+// stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
+// acquires (ld.acquire.sys) that signal of EVERY rank before its first cmb_map / cmb_in load (bar.sync
+// after the acquiring threads), so it sees both. WAR: the owner's producer rewrites cmb_in only after its
+// next dispatch passed the one-hop barrier, which needs this rank's arrival, i.e. after our combine ended.
+
+// Thread r < R of every CTA: waits until rank r started this pull combine (its word >= epoch * 2).
+// A word of exactly epoch * 2 is rank r's PUSH combine of this epoch: the ranks disagree on the mode
+// (SYMM_ERR_COMBINE_MODE, what = r) — reported, never read as rows. Returns false on error / timeout.
+__device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayout& L, uint64_t epoch, int r,
+                                                  uint64_t deadline, const ErrSink& err) {
+  if (r >= L.num_ranks) return true;
+  if (!rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch, false), r, deadline, err,
+                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ 1))
+    return false;
+  const uint64_t v = ptx::ld_acquire_sys_u64(signals(local, L, SYMM_OP_COMBINE) + r);
+  if (v == combine_signal(epoch, false)) {
+    report_error(err, SYMM_ERR_COMBINE_MODE, SYMM_PHASE_COMBINE_PULL, r, (int32_t)(v & 1));
+    return false;
+  }
+  return true;
+}
+
+// One item: token t, 16-byte column col * 32 + lane of each of its rows (the whole warp; KB rows' loads
+// in flight at once). Returns false after reporting a row without a valid (owner, row) entry.
+template <int KB>
+__device__ __forceinline__ bool combine_pull_item(const SymmLayout& L, const uint64_t* peers, uint64_t local, int t,
+                                                  int col, const float* topk_w, uint16_t* y, int lane,
+                                                  const ErrSink& err) {
+  const int K = L.topk, R = L.num_ranks;
+  const int n16 = L.hidden * 2 / 16;
+  const uint32_t mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);  // written by dispatch (earlier launch)
+  // lane k < K: where row k is (peer-written in the dispatch: coherent load, after the start acquire)
+  // and w[t, k]; broadcast by shuffles below.
+  int32_t where = -1;
+  float wl = 1.f;
+  if (lane < K) {
+    where = ptx::ld_relaxed_sys_s32(cmb_map(local, L) + (int64_t)t * K + lane);
+    if (topk_w) wl = __ldg(topk_w + (int64_t)t * K + lane);
+  }
+  const bool bad = lane < K && ((mask >> lane) & 1u) && (where < 0 || where / R >= L.cmb_in_rows);
+  const uint32_t badm = __ballot_sync(0xffffffffu, bad);
+  if (badm) {
+    if (lane == 0) report_error(err, SYMM_ERR_COMBINE_ROW, SYMM_PHASE_COMBINE_PULL, t, __ffs(badm) - 1);
+    return false;
+  }
+  const int c = col * 32 + lane;
+  const bool active = c < n16;  // mask and k loop are warp-uniform; only the tail lanes idle
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += KB) {
+    int4 v[KB];
+#pragma unroll
+    for (int u = 0; u < KB; ++u) {
+      const int k = k0 + u;
+      if (k < K && ((mask >> k) & 1u)) {
+        const int32_t wk = __shfl_sync(0xffffffffu, where, k);
+        // a peer's row (or ours): coherent loads, after the acquire of its start signal
+        if (active)
+          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(cmb_in_row(peers[wk % R], L, wk / R)) + c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < KB; ++u) {
+      const int k = k0 + u;
+      if (k < K && ((mask >> k) & 1u)) {
+        const float w = __shfl_sync(0xffffffffu, wl, k);
+        if (active) bf16x8_accumulate(acc, v[u], w);
+      }
+    }
+  }
+  if (active) ptx::st_v4(reinterpret_cast<int4*>(y + (int64_t)t * L.hidden) + c, f32x8_to_bf16x8(acc));
+  return true;
+}
+
+// Items (token, 512-byte column) in token-major order, item q -> warp q % total_warps (neighbouring warps
+// share a token's cmb_map line).
+template <int KB>
+__device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                 uint64_t local, int num_tokens, const float* topk_w, uint16_t* y,
+                                                 const ErrSink& err) {
+  const int ncol = (L.hidden * 2 / 16 + 31) / 32;
+  const int64_t total = (int64_t)num_tokens * ncol;
+  for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
+    const int t = (int)(q / ncol);
+    if (!combine_pull_item<KB>(L, peers, local, t, (int)(q - (int64_t)t * ncol), topk_w, y, W.lane, err)) return;
+  }
+}
+
 }  // namespace symm
 #endif

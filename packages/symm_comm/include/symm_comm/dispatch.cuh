@@ -81,6 +81,10 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
   // kmask: the ids of a token are loaded kIdxBatch at a time (one latency, not K in a row).
   constexpr int kIdxBatch = 8;
   uint32_t* kmask = at<uint32_t>(local, L.off_kmask);
+  // Pull combine (layout v8): this call's owners store where each (token, k) row lands into cmb_map in
+  // phase B; -1 first, so a row no owner wrote (an error reported in this call) is never read. Ordered
+  // before the owners' stores by the one-hop barrier (our arrival is cumulative over these stores).
+  int32_t* cmap = L.cmb_in_rows > 0 ? cmb_map(local, L) : nullptr;
   for (int64_t t = gt; t < T; t += nt) {
     uint32_t m = 0;
     for (int k0 = 0; k0 < K; k0 += kIdxBatch) {
@@ -98,6 +102,8 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
       }
     }
     kmask[t] = m;
+    if (cmap)
+      for (int k = 0; k < K; ++k) cmap[t * K + k] = -1;
   }
 }
 
@@ -241,6 +247,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
         pw[row] = wv;
         row_src[row] = (s * T + tok) * K + k;
         if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = row;
+        if (L.cmb_in_rows > 0) cmb_map(src, L)[flat] = row * R + L.rank;  // pull combine: see below
       }
       __syncwarp();
       if (W.lane == 0) ptx::red_add_release_gpu_u32(arr + row / L.block_m, 1u);
@@ -307,6 +314,12 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       pw[drow] = wv;
       row_src[drow] = (s * T + tok) * K + W.lane;
       if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = drow;
+      // Pull combine (layout v8): tell the source where its (token, k) row lands here. A plain peer
+      // store, read by the source's NEXT combine: it completes with this kernel (stream order on this
+      // rank), before this rank's combine signals its start (st.release.sys), which the source's pull
+      // combine acquires before reading cmb_map. WAR: the source read the previous values in its last
+      // combine, which finished before it arrived at this call's one-hop barrier (passed above).
+      if (L.cmb_in_rows > 0) cmb_map(src, L)[tok * K + W.lane] = drow * R + L.rank;
     }
     __syncwarp();
     if (drow >= 0) ptx::red_add_release_gpu_u32(arr + drow / L.block_m, 1u);
@@ -547,6 +560,7 @@ __device__ __forceinline__ void push_rows(const Workers& W, const SymmLayout& L,
       const int c = tok / L.combine_chunk;
       at<float>(dst, L.off_pool_w)[row] = wv;
       at<int32_t>(dst, L.off_row_src)[row] = (L.rank * T + tok) * K + k;
+      if (L.cmb_in_rows > 0) cmb_map(local, L)[q] = row * L.num_ranks + d;  // pull combine (local here)
       if (bslot < L.combine_chunk * K) cmb_bucket(dst, L, L.rank, c)[bslot] = row;
     }
     // ---- one publication for the group (contract above)

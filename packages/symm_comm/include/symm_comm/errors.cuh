@@ -13,6 +13,8 @@
 #define SYMM_ERR_SLOT_OVERFLOW 4  // more than max_tokens slots for one (expert, source) (duplicate ids)
 #define SYMM_ERR_OUT_ROWS 5       // combine: expert_out has fewer rows than the pool uses
 #define SYMM_ERR_MASKED_OVERFLOW 6  // masked layout: an expert got more than max_m rows
+#define SYMM_ERR_COMBINE_MODE 7   // combine: this rank pulls and rank `what` does not (or the reverse)
+#define SYMM_ERR_COMBINE_ROW 8    // pull combine: token `what`'s row k = detail has no valid owner row
 
 // Phases (word 2).
 #define SYMM_PHASE_DISPATCH_SCAN 1     // phase A: scan topk_idx, push metadata
@@ -24,6 +26,7 @@
 #define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
 #define SYMM_PHASE_DISPATCH_PUSH_DONE 9  // push dispatch end: a peer has not finished storing into this rank
+#define SYMM_PHASE_COMBINE_PULL 10     // pull combine: waiting for the owners' start signals / reading their rows
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
 //   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits;

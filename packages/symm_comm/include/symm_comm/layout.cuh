@@ -33,6 +33,10 @@
 //                                               (G_max = SYMM_META_MAX_GROUPS; metadata.cuh)
 //   push_slot    i32 [T * K]                    local, push mode: slot of this rank's (token, k) at its expert
 //                                               (phase A), < 0 never read (only valid ids are read)
+//   cmb_map      i32 [T * K]                    pull combine (v8, only when cmb_in_rows > 0): where this rank's
+//                                               (token, k) row sits at its owner, row * R + owner; written by
+//                                               the OWNER in dispatch phase B (pull: a peer store per pool row;
+//                                               push: by this rank itself), -1 from phase A (stage_inputs)
 //   push_hist    i32 [2][2][R][C]               local, push mode: [parity][0][d][c] rows of (owner d, token
 //                                               chunk c) counted in phase A; [parity][1][d][c] combine bucket
 //                                               slots handed out in phase B; call e zeroes [e & 1 ^ 1]
@@ -49,6 +53,8 @@
 //   pool_s       f32 [P][S]
 //   pool_w       f32 [P]
 //   combine      bf16 [2][K][T][H]              written by PEERS in combine (parity = epoch & 1)
+//   cmb_in       bf16 [cmb_in_rows][H]          optional (v8): the expert outputs in pool row order, written by
+//                                               this rank's producer (GEMM), READ by peers in the pull combine
 // R = num_ranks, L = num_local_experts = E / R, T = max_tokens (per rank), P = pool_rows.
 // Double-buffered (parity) regions make back-to-back calls safe without an extra barrier: dispatch
 // call n+2 reuses call n's half only after every peer passed call n+1's barrier, i.e. finished reading
@@ -58,9 +64,10 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 7  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
+#define SYMM_LAYOUT_VERSION 8  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
                                // 6: meta_all row E = num_tokens per source, done row counted in every call;
                                // 7: meta_map (the pull reads a token's row once per owner), meta_count unclamped
+                               // 8: cmb_map + cmb_in (the pull combine), combine signals = epoch * 2 + pull
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
@@ -129,6 +136,9 @@ typedef struct SymmLayout {
   int64_t cmb_arr_half;
   int64_t meta_all_half;
   int64_t meta_map_half;
+  int64_t off_cmb_map;
+  int64_t off_cmb_in;
+  int64_t cmb_in_rows;  // rows of cmb_in (0: no pull combine)
   int32_t num_ranks;
   int32_t rank;
   int32_t num_experts;
@@ -165,8 +175,10 @@ SYMM_LAYOUT_HD int64_t symm_combine_table_ints(int64_t R, int64_t C) { return R 
 // Fills *L. Returns 0, or -1 for an invalid configuration (L is then zeroed).
 // pool_rows <= 0: worst case of the contiguous layout, R*T*K + L*(block_m - 1), rounded up.
 // max_m <= 0: min(R * T, P / L) (masked layout: decode, random routing); it never raises P.
+// cmb_in_rows: rows of the pull combine's input region (0: none; < 0: P, every pool row).
 SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, int num_experts, int hidden,
-                                       int topk, int max_tokens, int block_m, int64_t pool_rows, int max_m) {
+                                       int topk, int max_tokens, int block_m, int64_t pool_rows, int max_m,
+                                       int64_t cmb_in_rows) {
   char* raw = (char*)L;
   for (unsigned i = 0; i < sizeof(SymmLayout); ++i) raw[i] = 0;
   if (num_ranks < 1 || rank < 0 || rank >= num_ranks || num_experts < num_ranks || num_experts % num_ranks ||
@@ -180,11 +192,14 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   if (mm < 1) mm = 1;
   if (Lx * mm > P) P = Lx * mm;
   P = symm_align_up(P, block_m);
+  const int64_t in_rows = cmb_in_rows < 0 ? P : cmb_in_rows;
   // (Lx * T: meta_map's le * T + slot entries are int32)
   // (T * K < 2^30: bit 30 of a meta_slots entry flags a fanned-out leader, metadata.cuh kSlotFanOut)
   if (P >= ((int64_t)1 << 31) || R * T * K >= ((int64_t)1 << 31) || mm >= ((int64_t)1 << 31) ||
       Lx * T >= ((int64_t)1 << 31) || T * K >= ((int64_t)1 << 30))
     return -1;
+  // (cmb_map entries are row * R + owner, row < P: int32)
+  if (in_rows > 0 && (P * R >= ((int64_t)1 << 31) || in_rows > P)) return -1;
 
   L->num_ranks = num_ranks;
   L->rank = rank;
@@ -199,6 +214,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->pool_rows = P;
   L->num_blocks = (int32_t)(P / block_m);
   L->version = SYMM_LAYOUT_VERSION;
+  L->cmb_in_rows = in_rows;
   L->meta_count_half = symm_align_up(Lx * R * 4, 16);
   L->meta_slots_half = symm_align_up(Lx * R * T * 4, 16);
   L->stage_x_half = symm_align_up(T * H, 16);
@@ -230,6 +246,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_kmask, T * 4)
   SYMM_REGION(off_meta_scan, (int64_t)SYMM_META_MAX_GROUPS * E * 4)
   SYMM_REGION(off_push_slot, T * K * 4)
+  SYMM_REGION(off_cmb_map, in_rows > 0 ? T * K * 4 : 0)
   SYMM_REGION(off_push_hist, 4 * R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_hist, R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_order, R * L->num_chunks * chunk * K * 4)
@@ -243,6 +260,7 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_pool_s, P * S * 4)
   SYMM_REGION(off_pool_w, P * 4)
   SYMM_REGION(off_combine, 2 * L->combine_half)
+  SYMM_REGION(off_cmb_in, in_rows * H * 2)
 #undef SYMM_REGION
   L->total_bytes = off;
   return 0;
@@ -322,6 +340,19 @@ __host__ __device__ __forceinline__ int32_t* cmb_hist(uint64_t base, const SymmL
 // cmb_order[s][c][i], i < combine_chunk * K
 __host__ __device__ __forceinline__ int32_t* cmb_bucket(uint64_t base, const SymmLayout& L, int s, int c) {
   return at<int32_t>(base, L.off_cmb_order) + ((int64_t)s * L.num_chunks + c) * L.combine_chunk * L.topk;
+}
+// cmb_map[token * K + k] (pull combine): row * R + owner, -1 = not sent
+__host__ __device__ __forceinline__ int32_t* cmb_map(uint64_t base, const SymmLayout& L) {
+  return at<int32_t>(base, L.off_cmb_map);
+}
+// cmb_in[row][H] (BF16 as uint16): the pull combine's input rows
+__host__ __device__ __forceinline__ uint16_t* cmb_in_row(uint64_t base, const SymmLayout& L, int64_t row) {
+  return at<uint16_t>(base, L.off_cmb_in) + row * L.hidden;
+}
+// Combine start signal words: epoch * 2 + (1 if the call pulls). Push calls compare epochs only
+// (>> 1); a pull call also checks that every rank pulls in the same call (layout v8).
+__host__ __device__ __forceinline__ uint64_t combine_signal(uint64_t epoch, bool pull) {
+  return epoch * 2 + (pull ? 1 : 0);
 }
 // cmb_arr[parity][token]
 __host__ __device__ __forceinline__ uint32_t* cmb_arr(uint64_t base, const SymmLayout& L, int parity) {

@@ -8,7 +8,7 @@ from ._native import NativeLib
 
 c_i64, c_int, c_vp, c_u64 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64
 
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8
 ERR_WORDS = 8
 
 
@@ -21,7 +21,8 @@ class SymmLayout(ctypes.Structure):
         "off_src_counts", "off_exp_counts",
         "off_exp_offsets", "off_arrivals", "off_row_src", "off_pool_x", "off_pool_s", "off_pool_w",
         "off_combine", "off_meta_all", "off_push_slot", "off_push_hist", "off_meta_map", "meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half",
-        "stage_w_half", "combine_half", "cmb_arr_half", "meta_all_half", "meta_map_half")] + [(n, ctypes.c_int32) for n in (
+        "stage_w_half", "combine_half", "cmb_arr_half", "meta_all_half", "meta_map_half", "off_cmb_map", "off_cmb_in",
+        "cmb_in_rows")] + [(n, ctypes.c_int32) for n in (
         "num_ranks", "rank", "num_experts", "num_local_experts", "hidden", "topk", "max_tokens",
         "block_m", "max_m", "scale_cols", "num_blocks", "combine_chunk", "num_chunks", "version")]
 
@@ -35,7 +36,7 @@ LIB = NativeLib("symm_comm", Path(__file__).parent, {
     "symm_error_string": ([c_int], ctypes.c_char_p),
     "symm_abi_version": ([], c_int),
     "symm_layout_size": ([], c_int),
-    "symm_layout_init": ([_LP, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_i64, c_int], c_int),
+    "symm_layout_init": ([_LP, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_i64, c_int, c_i64], c_int),
     "symm_host_words_alloc": ([ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))], c_int),
     "symm_host_words_free": ([ctypes.POINTER(ctypes.c_int32)], c_int),
     "symm_device_sms": ([c_int, ctypes.POINTER(c_int)], c_int),
@@ -43,6 +44,7 @@ LIB = NativeLib("symm_comm", Path(__file__).parent, {
                        ctypes.POINTER(ctypes.c_int32), c_vp], c_int),
     "symm_combine": ([_LP, c_vp, c_vp, c_i64, c_vp, c_vp, c_int, c_int, c_i64,
                       ctypes.POINTER(ctypes.c_int32), c_vp], c_int),
+    "symm_combine_pull": ([_LP, c_vp, c_vp, c_vp, c_int, c_int, c_i64, ctypes.POINTER(ctypes.c_int32), c_vp], c_int),
     "symm_reset_state": ([_LP, c_vp, c_u64, c_u64, c_vp], c_int),
 }, error_fn="symm_error_string")
 
@@ -54,5 +56,5 @@ def check_abi() -> None:
     if n != ctypes.sizeof(SymmLayout):
         raise RuntimeError(f"symm_comm: SymmLayout size mismatch: library {n} bytes, Python mirror "
                            f"{ctypes.sizeof(SymmLayout)} bytes — rebuild libsymm_comm.so")
-    if lib.symm_abi_version() != 1:
+    if lib.symm_abi_version() != 2:
         raise RuntimeError("symm_comm: libsymm_comm.so ABI version mismatch — rebuild it")

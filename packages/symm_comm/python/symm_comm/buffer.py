@@ -53,12 +53,17 @@ class Buffer:
     and make the same sequence of dispatch/combine calls.
 
     Outputs of dispatch are VIEWS into the buffer: they stay valid until the next dispatch.
+
+    combine_input_rows > 0 (or -1: pool_rows) adds the pull combine's input region (BF16 [rows, H] per
+    rank, `combine_input()`): a producer that writes its expert outputs there (pool row order) gets the
+    pull combine, which reads every rank's rows in place and reduces them in registers (no combine
+    buffer, no second pass; the faster path for small calls, docs/perf-notes-symm_comm.md).
     """
 
     def __init__(self, group, num_experts: int, hidden: int, topk: int, max_tokens_per_rank: int, *,
                  block_m: int = 128, pool_rows: int = 0, max_m: int = 0, backend: str = "torch",
                  timeout_s: float = 10.0, num_sms: int = 0, check: bool = True, device=None,
-                 verbose: bool = False):
+                 verbose: bool = False, combine_input_rows: int = 0):
         keep_multicast_off()
         group = group if group is not None else dist.group.WORLD
         self.group = group
@@ -67,10 +72,12 @@ class Buffer:
         check_buffer_args(self.num_ranks, num_experts, hidden, topk, max_tokens_per_rank, block_m, backend)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: {timeout_s} must be > 0")
+        if not isinstance(combine_input_rows, int) or combine_input_rows < -1:
+            raise ValueError(f"combine_input_rows: {combine_input_rows!r} must be an int >= -1 (-1: pool_rows)")
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None else
                                    torch.device(device).index)
         self.layout = compute_layout(self.num_ranks, self.rank, num_experts, hidden, topk, max_tokens_per_rank,
-                                     block_m, pool_rows, max_m)
+                                     block_m, pool_rows, max_m, combine_input_rows)
         L = self.layout
         self.num_experts, self.hidden, self.topk = num_experts, hidden, topk
         self.max_tokens = max_tokens_per_rank
@@ -127,6 +134,28 @@ class Buffer:
         self.arrivals = self._v(L.off_arrivals, L.num_blocks, torch.int32, (L.num_blocks,))
         self.epochs = self._v(L.off_state + _STATE_EPOCH, 2, torch.int64, (2,))
         self.err_words = self._v(L.off_state + _STATE_ERR, ERR_WORDS, torch.int32, (ERR_WORDS,))
+
+    def combine_input(self, masked: bool = False):
+        """The pull combine's input rows on this rank: BF16 [combine_input_rows, H] (masked: [L, max_m, H]),
+        a view of the symmetric buffer. Write the expert outputs here in pool row order (after this
+        rank's dispatch, as a GEMM reading the pool does) and pass this view as combine's expert_out: every
+        rank must do so in the same call. The rows must stay unchanged until every rank's combine has
+        read them; the next dispatch on this buffer guarantees it (its cross-rank barrier)."""
+        L = self.layout
+        rows, H = int(L.cmb_in_rows), self.hidden
+        if rows <= 0:
+            raise ValueError("combine_input: the buffer has no pull combine input (create it with combine_input_rows)")
+        v = self._v(L.off_cmb_in, rows * H, torch.bfloat16, (rows, H))
+        if masked:
+            n = self.num_local_experts * self.max_m
+            if n > rows:
+                raise ValueError(f"combine_input: masked view needs {n} rows (L * max_m), the region has {rows}")
+            v = v[:n].view(self.num_local_experts, self.max_m, H)
+        return v
+
+    def _is_combine_input(self, ea) -> bool:
+        L = self.layout
+        return int(L.cmb_in_rows) > 0 and ea.ptr == self._base + int(L.off_cmb_in)
 
     def memory_report(self) -> dict:
         """Bytes per region of this rank's buffer (and the total)."""
@@ -228,7 +257,8 @@ class Buffer:
 
     def combine(self, expert_out, handle: Handle, topk_w=None, *, out=None, check: bool | None = None):
         """y[t] = BF16(sum_k [topk_w[t, k] *] expert_out[row(t, k)]) over the k the dispatch sent, FP32, k order.
-        expert_out: BF16 [P', H] (contiguous; P' >= rows used) or [L, max_m, H] (masked)."""
+        expert_out: BF16 [P', H] (contiguous; P' >= rows used) or [L, max_m, H] (masked); buf.combine_input()
+        (every rank in the same call): the pull combine, which reads the rows in place."""
         if not isinstance(handle, Handle):
             raise TypeError(f"handle: expected the Handle returned by dispatch, got {type(handle).__name__}")
         if handle.seq != self._dispatch_seq:
@@ -246,9 +276,14 @@ class Buffer:
             y, ya = out, oa
         stream = _arrays.stream_of(ea)
         with _arrays.device_of(ea):
-            LIB.call("symm_combine", ctypes.byref(self.layout), self.peers.data_ptr(), ea.ptr or None, rows,
-                     wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
-                     self.num_sms, self.timeout_ns, self._hw, stream)
+            if self._is_combine_input(ea):  # the rows are in every rank's cmb_in: pull them in place
+                LIB.call("symm_combine_pull", ctypes.byref(self.layout), self.peers.data_ptr(),
+                         wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
+                         self.num_sms, self.timeout_ns, self._hw, stream)
+            else:
+                LIB.call("symm_combine", ctypes.byref(self.layout), self.peers.data_ptr(), ea.ptr or None, rows,
+                         wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
+                         self.num_sms, self.timeout_ns, self._hw, stream)
         if check if check is not None else self.check:
             self._sync_check(ea)
         if out is None and ea.framework != "torch":

@@ -18,12 +18,15 @@ class SymmTimeoutError(SymmCommError, TimeoutError):
 
 CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
          4: "more slots than max_tokens_per_rank for one (expert, source) (duplicate expert ids in a token?)",
-         5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows"}
+         5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows",
+         7: "ranks disagree on the combine mode (every rank must pass buf.combine_input() as expert_out, or none)",
+         8: "pull combine: a row has no valid owner row (the dispatch failed, or cmb_in_rows is below the pool rows used)"}
 PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
           4: "dispatch phase B (pool layout)", 5: "combine peer stores",
           7: "combine start (peers finishing their previous combine)",
           8: "combine reduce (row arrivals)",
-          9: "dispatch completion (peers storing their rows into this rank, push mode)"}
+          9: "dispatch completion (peers storing their rows into this rank, push mode)",
+          10: "pull combine (owners' start signals, their rows)"}
 
 
 def describe(words) -> str:
@@ -50,6 +53,10 @@ def describe(words) -> str:
         return f"rank {rank}: {CODES[5]}: pool uses {what} rows, expert_out has {detail}"
     if code == 6:
         return f"rank {rank}: {CODES[6]}: local expert {what} got {detail} rows (raise max_m)"
+    if code == 7:
+        return f"rank {rank}: {CODES[7]}: rank {what} differs (epoch {epoch})"
+    if code == 8:
+        return f"rank {rank}: {CODES[8]}: token {what}, k {detail} (epoch {epoch})"
     return f"rank {rank}: error code {code} in {ph} (what {what}, detail {detail})"
 
 

@@ -7,17 +7,17 @@ import ctypes
 from ._lib import LAYOUT_VERSION, LIB, SymmLayout, check_abi
 
 REGIONS = ("signals", "state", "meta_count", "meta_slots", "meta_all", "meta_map", "stage_x", "stage_s", "stage_w", "kmask", "meta_scan",
-           "push_slot", "push_hist", "cmb_hist",
+           "push_slot", "cmb_map", "push_hist", "cmb_hist",
            "cmb_order", "cmb_arr", "src_counts", "exp_counts", "exp_offsets", "arrivals", "row_src", "pool_x", "pool_s", "pool_w",
-           "combine")
+           "combine", "cmb_in")
 
 
 def compute_layout(num_ranks: int, rank: int, num_experts: int, hidden: int, topk: int, max_tokens: int,
-                   block_m: int = 128, pool_rows: int = 0, max_m: int = 0) -> SymmLayout:
+                   block_m: int = 128, pool_rows: int = 0, max_m: int = 0, cmb_in_rows: int = 0) -> SymmLayout:
     check_abi()
     L = SymmLayout()
     LIB.call("symm_layout_init", ctypes.byref(L), num_ranks, rank, num_experts, hidden, topk, max_tokens,
-             block_m, pool_rows, max_m)
+             block_m, pool_rows, max_m, cmb_in_rows)
     if L.version != LAYOUT_VERSION:
         raise RuntimeError(f"symm_comm: layout version {L.version} from the library, the Python mirror is "
                            f"version {LAYOUT_VERSION} — rebuild libsymm_comm.so")
