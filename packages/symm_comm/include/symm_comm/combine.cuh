@@ -275,70 +275,119 @@ __device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayo
   return true;
 }
 
-// One item: token t, 16-byte column col * 32 + lane of each of its rows (the whole warp; KB rows' loads
-// in flight at once). Returns false after reporting a row without a valid (owner, row) entry.
-template <int KB>
-__device__ __forceinline__ bool combine_pull_item(const SymmLayout& L, const uint64_t* peers, uint64_t local, int t,
-                                                  int col, const float* topk_w, uint16_t* y, int lane,
-                                                  const ErrSink& err) {
-  const int K = L.topk, R = L.num_ranks;
-  const int n16 = L.hidden * 2 / 16;
-  const uint32_t mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);  // written by dispatch (earlier launch)
-  // lane k < K: where row k is (peer-written in the dispatch: coherent load, after the start acquire)
-  // and w[t, k]; broadcast by shuffles below.
-  int32_t where = -1;
-  float wl = 1.f;
-  if (lane < K) {
-    where = ptx::ld_relaxed_sys_s32(cmb_map(local, L) + (int64_t)t * K + lane);
-    if (topk_w) wl = __ldg(topk_w + (int64_t)t * K + lane);
+// One pull item: token t, 16-byte column c (= col * 32 + lane) of each of its rows. Split into load /
+// check / issue / reduce so a warp can hold two items' loads in flight at once (combine_pull_run).
+struct PullItem {
+  int t = 0, c = 0;
+  bool live = false;   // false: past the end of the list (nothing to do)
+  uint32_t mask = 0;   // kmask[t]: the ks the dispatch sent
+  int32_t where = -1;  // lane k < K: row k's (row * R + owner), from cmb_map
+  float wl = 1.f;      // lane k < K: w[t, k] (1 without weights)
+
+  // The item's words: kmask (written by the dispatch, an earlier launch) and lane k's cmb_map entry
+  // (peer-written in the dispatch: coherent load, after the start acquire) and weight.
+  __device__ __forceinline__ void load(const SymmLayout& L, uint64_t local, int64_t q, int64_t total, int ncol,
+                                       const float* topk_w, int lane) {
+    live = q < total;
+    if (!live) return;
+    t = (int)(q / ncol);
+    c = (int)(q - (int64_t)t * ncol) * 32 + lane;
+    mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);
+    if (lane < L.topk) {
+      where = ptx::ld_relaxed_sys_s32(cmb_map(local, L) + (int64_t)t * L.topk + lane);
+      if (topk_w) wl = __ldg(topk_w + (int64_t)t * L.topk + lane);
+    }
   }
-  const bool bad = lane < K && ((mask >> lane) & 1u) && (where < 0 || where / R >= L.cmb_in_rows);
-  const uint32_t badm = __ballot_sync(0xffffffffu, bad);
-  if (badm) {
-    if (lane == 0) report_error(err, SYMM_ERR_COMBINE_ROW, SYMM_PHASE_COMBINE_PULL, t, __ffs(badm) - 1);
-    return false;
+  // false (reported: SYMM_ERR_COMBINE_ROW, what = token, detail = k): a sent k without a valid row.
+  __device__ __forceinline__ bool check(const SymmLayout& L, int lane, const ErrSink& err) const {
+    const bool bad = live && lane < L.topk && ((mask >> lane) & 1u) &&
+                     (where < 0 || where / L.num_ranks >= L.cmb_in_rows);
+    const uint32_t badm = __ballot_sync(0xffffffffu, bad);
+    if (badm && lane == 0) report_error(err, SYMM_ERR_COMBINE_ROW, SYMM_PHASE_COMBINE_PULL, t, __ffs(badm) - 1);
+    return badm == 0;
   }
-  const int c = col * 32 + lane;
-  const bool active = c < n16;  // mask and k loop are warp-uniform; only the tail lanes idle
-  float acc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-  for (int k0 = 0; k0 < K; k0 += KB) {
-    int4 v[KB];
+  // Loads of rows k0 .. k0 + KB - 1 (those sent), all in flight; `live` and `mask` are warp-uniform.
+  template <int KB>
+  __device__ __forceinline__ void issue(const SymmLayout& L, const uint64_t* peers, int k0, int4 (&v)[KB]) const {
+    if (!live) return;
+    const bool active = c < L.hidden * 2 / 16;  // only the tail lanes of the last column idle
 #pragma unroll
     for (int u = 0; u < KB; ++u) {
       const int k = k0 + u;
-      if (k < K && ((mask >> k) & 1u)) {
+      if (k < L.topk && ((mask >> k) & 1u)) {
         const int32_t wk = __shfl_sync(0xffffffffu, where, k);
-        // a peer's row (or ours): coherent loads, after the acquire of its start signal
+        // a peer's row (or ours): coherent loads, after the acquire of its owner's start signal
         if (active)
-          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(cmb_in_row(peers[wk % R], L, wk / R)) + c);
+          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(cmb_in_row(peers[wk % L.num_ranks], L,
+                                                                              wk / L.num_ranks)) + c);
       }
     }
+  }
+  // acc += rows k0 .. k0 + KB - 1 in k order (the push combine's arithmetic: bitwise the same result).
+  template <int KB>
+  __device__ __forceinline__ void accumulate(const SymmLayout& L, int k0, const int4 (&v)[KB], float* acc) const {
+    if (!live) return;
+    const bool active = c < L.hidden * 2 / 16;
 #pragma unroll
     for (int u = 0; u < KB; ++u) {
       const int k = k0 + u;
-      if (k < K && ((mask >> k) & 1u)) {
+      if (k < L.topk && ((mask >> k) & 1u)) {
         const float w = __shfl_sync(0xffffffffu, wl, k);
         if (active) bf16x8_accumulate(acc, v[u], w);
       }
     }
   }
-  if (active) ptx::st_v4(reinterpret_cast<int4*>(y + (int64_t)t * L.hidden) + c, f32x8_to_bf16x8(acc));
-  return true;
-}
+  __device__ __forceinline__ void store(const SymmLayout& L, uint16_t* y, const float* acc) const {
+    if (live && c < L.hidden * 2 / 16)
+      ptx::st_v4(reinterpret_cast<int4*>(y + (int64_t)t * L.hidden) + c, f32x8_to_bf16x8(acc));
+  }
+};
 
 // Items (token, 512-byte column) in token-major order, item q -> warp q % total_warps (neighbouring warps
-// share a token's cmb_map line).
+// share a token's cmb_map line). K <= KB: a warp takes its items two at a time (q, q + total_warps) and
+// has both items' K row loads in flight before it reduces either: a small call has <= 2 items per warp
+// (128 tokens: 3584 items on 2112 warps), and one item at a time left the second wave's loads waiting
+// for the first wave's round trip. K > KB: one item at a time, KB rows per batch.
 template <int KB>
 __device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                                  uint64_t local, int num_tokens, const float* topk_w, uint16_t* y,
                                                  const ErrSink& err) {
   const int ncol = (L.hidden * 2 / 16 + 31) / 32;
-  const int64_t total = (int64_t)num_tokens * ncol;
-  for (int64_t q = W.gwarp(); q < total; q += W.total_warps()) {
-    const int t = (int)(q / ncol);
-    if (!combine_pull_item<KB>(L, peers, local, t, (int)(q - (int64_t)t * ncol), topk_w, y, W.lane, err)) return;
+  const int64_t total = (int64_t)num_tokens * ncol, step = W.total_warps();
+  if (L.topk <= KB) {
+    for (int64_t q = W.gwarp(); q < total; q += 2 * step) {
+      PullItem a, b;
+      a.load(L, local, q, total, ncol, topk_w, W.lane);
+      b.load(L, local, q + step, total, ncol, topk_w, W.lane);
+      if (!a.check(L, W.lane, err) || !b.check(L, W.lane, err)) return;
+      int4 va[KB], vb[KB];
+      a.issue<KB>(L, peers, 0, va);
+      b.issue<KB>(L, peers, 0, vb);
+      float acc[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+      a.accumulate<KB>(L, 0, va, acc);
+      a.store(L, y, acc);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+      b.accumulate<KB>(L, 0, vb, acc);
+      b.store(L, y, acc);
+    }
+    return;
+  }
+  for (int64_t q = W.gwarp(); q < total; q += step) {
+    PullItem a;
+    a.load(L, local, q, total, ncol, topk_w, W.lane);
+    if (!a.check(L, W.lane, err)) return;
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    for (int k0 = 0; k0 < L.topk; k0 += KB) {
+      int4 v[KB];
+      a.issue<KB>(L, peers, k0, v);
+      a.accumulate<KB>(L, k0, v, acc);
+    }
+    a.store(L, y, acc);
   }
 }
 
