@@ -397,6 +397,9 @@ def run_all(backend, scenarios, res):
         expect_error(lambda: buf.dispatch(x2, s, idx, w), ValueError, "aligned")
         outs = one_round(buf, x, s, idx, w, "contiguous")
         expect_error(lambda: buf.combine(torch.zeros(5, H, device=dev), outs[-1]), TypeError, "expert_out")
+        for bad in (-5, 10 ** 9):  # raised before any allocation (every rank alike)
+            expect_error(lambda: symm_comm.Buffer(None, E, H, K, T_max, backend=backend, combine_input_rows=bad),
+                         ValueError, "combine_input_rows")
         x, s, idx, w = make_inputs(rank, 8, H, E, K, gen)
         one_round(buf, x, s, idx, w, "contiguous")
 

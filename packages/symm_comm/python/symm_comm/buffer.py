@@ -76,8 +76,17 @@ class Buffer:
             raise ValueError(f"combine_input_rows: {combine_input_rows!r} must be an int >= -1 (-1: pool_rows)")
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None else
                                    torch.device(device).index)
-        self.layout = compute_layout(self.num_ranks, self.rank, num_experts, hidden, topk, max_tokens_per_rank,
-                                     block_m, pool_rows, max_m, combine_input_rows)
+        try:
+            self.layout = compute_layout(self.num_ranks, self.rank, num_experts, hidden, topk, max_tokens_per_rank,
+                                         block_m, pool_rows, max_m, combine_input_rows)
+        except RuntimeError:
+            if combine_input_rows > 0:  # name the argument if it is the one out of range
+                P = compute_layout(self.num_ranks, self.rank, num_experts, hidden, topk, max_tokens_per_rank,
+                                   block_m, pool_rows, max_m).pool_rows
+                if combine_input_rows > P:
+                    raise ValueError(f"combine_input_rows: {combine_input_rows} exceeds the pool's {P} rows "
+                                     "(-1: one row per pool row)") from None
+            raise
         L = self.layout
         self.num_experts, self.hidden, self.topk = num_experts, hidden, topk
         self.max_tokens = max_tokens_per_rank
