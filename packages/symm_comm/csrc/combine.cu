@@ -29,20 +29,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (st0) stamp(local, L, 6);
 
   // Start handshake (replaces the barrier between push and reduce).
-  //  - CTA 0 zeroes cmb_arr[parity ^ 1]: last read by our call epoch - 1 (finished: stream order), next
-  //    bumped by the peers' call epoch + 1, which they start storing into only after acquiring our
-  //    signal >= epoch, released below after the zeroing (fence + bar.sync + st.release.sys).
-  //  - signals[combine][rank] := epoch in every peer: "this rank finished call epoch - 1".
+  //  - CTA 0: combine_start_signal (zeroes cmb_arr[parity ^ 1], then signals[combine][rank] := epoch in
+  //    every peer: "this rank finished call epoch - 1").
   //  - WAR guard: peer r reads its half `parity` (rows and counters) in call epoch - 2, so we store
   //    into it only after acquiring r's signal >= epoch - 1; bar.sync orders every thread's stores
   //    after that acquire.
-  if (blockIdx.x == 0) {
-    uint32_t* other = cmb_arr(local, L, parity ^ 1);
-    for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
-    ptx::fence_acq_rel_sys();
-    __syncthreads();
-    rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, false), threadIdx.x);
-  }
+  if (blockIdx.x == 0) combine_start_signal(s_peers, L, local, parity, combine_signal(epoch, false));
   // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
   // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.
   CombineSchedule sched = CombineSchedule::carve(smem, L);
@@ -63,11 +55,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     combine_run<kPushUnroll, kReduceK>(W, L, s_peers, local, parity, sched, expert_out, with_data, topk_w, y,
                                        (uint32_t)spin_ns, deadline, err);
   if (st0) stamp(local, L, 8);
-  // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
-  __syncthreads();
-  if (threadIdx.x == 0 &&
-      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
-    stamp(local, L, 9);
+  combine_end(local, L, epoch);  // every exit path
 }
 // Pull combine (layout v8, combine.cuh "pull combine"): start signal -> wait for every rank's -> read and
 // reduce. One cooperative launch (every CTA waits for the signals: all must be resident).
@@ -83,27 +71,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int parity = (int)(epoch & 1);
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;
   if (st0) stamp(local, L, 6);
-  // CTA 0: zero cmb_arr[parity ^ 1] as a push call does (a push call epoch + 1 counts into it; same
-  // contract as in symm_combine_kernel), then signal "started epoch, pulling" to every rank (itself
-  // included). fence.acq_rel.sys + bar.sync + st.release.sys: cumulative over the zeroing and over
-  // every earlier kernel on this stream (cmb_in's producer, the dispatch's cmb_map stores into peers).
-  if (blockIdx.x == 0) {
-    uint32_t* other = cmb_arr(local, L, parity ^ 1);
-    for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
-    ptx::fence_acq_rel_sys();
-    __syncthreads();
-    rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true), threadIdx.x);
-  }
+  // CTA 0: "started epoch, pulling" to every rank (itself included), after the same zeroing a push
+  // call does (a push call epoch + 1 counts into cmb_arr[parity ^ 1]).
+  if (blockIdx.x == 0) combine_start_signal(s_peers, L, local, parity, combine_signal(epoch, true));
   const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
   // bar.sync after thread r's acquire of rank r's signal: every thread's loads below are ordered after it.
   const bool go = __syncthreads_and(started);
   if (st0) stamp(local, L, 7);
   if (go) combine_pull_run<kReduceK>(W, L, s_peers, local, num_tokens, topk_w, y, err);
   if (st0) stamp(local, L, 8);
-  __syncthreads();
-  if (threadIdx.x == 0 &&
-      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
-    stamp(local, L, 9);
+  combine_end(local, L, epoch);  // every exit path
 }
 }  // namespace
 

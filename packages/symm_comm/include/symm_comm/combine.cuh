@@ -53,6 +53,29 @@ struct CombineSchedule {
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
 };
 
+// Start of a combine call, CTA 0 only (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
+// read by our call epoch - 1, finished: stream order; next bumped by the peers' push call epoch + 1,
+// which stores into it only after acquiring our signal of epoch), then fence.acq_rel.sys + bar.sync +
+// st.release.sys of `signal` (combine_signal) into every rank: cumulative over the zeroing and over
+// every earlier kernel on this stream (in pull mode: cmb_in's producer, the dispatch's cmb_map stores).
+__device__ __forceinline__ void combine_start_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
+                                                     int parity, uint64_t signal) {
+  uint32_t* other = cmb_arr(local, L, parity ^ 1);
+  for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
+  ptx::fence_acq_rel_sys();
+  __syncthreads();
+  rank_signal(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
+}
+
+// End of a combine call, every CTA, every exit path: the last CTA out publishes the epoch (barrier.cuh)
+// and writes stamp 9.
+__device__ __forceinline__ void combine_end(uint64_t local, const SymmLayout& L, uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x == 0 &&
+      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
+    stamp(local, L, 9);
+}
+
 // Builds the list (all threads of the group; every group builds the same one). The buckets were
 // written by the last dispatch (an earlier launch on this stream; in push mode by the PEERS, so every
 // dispatch-written word is read with coherent loads, never through the non-coherent path).
