@@ -29,12 +29,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (st0) stamp(local, L, 6);
 
   // Start handshake (replaces the barrier between push and reduce).
-  //  - CTA 0: combine_start_signal (zeroes cmb_arr[parity ^ 1], then signals[combine][rank] := epoch in
+  //  - CTA 0: combine_zero_next_and_signal (zeroes cmb_arr[parity ^ 1], then signals[combine][rank] := epoch in
   //    every peer: "this rank finished call epoch - 1").
   //  - WAR guard: peer r reads its half `parity` (rows and counters) in call epoch - 2, so we store
   //    into it only after acquiring r's signal >= epoch - 1; bar.sync orders every thread's stores
   //    after that acquire.
-  if (blockIdx.x == 0) combine_start_signal(s_peers, L, local, parity, combine_signal(epoch, false));
+  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, false));
   // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
   // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.
   CombineSchedule sched = CombineSchedule::carve(smem, L);
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (st0) stamp(local, L, 6);
   // CTA 0: "started epoch, pulling" to every rank (itself included), after the same zeroing a push
   // call does (a push call epoch + 1 counts into cmb_arr[parity ^ 1]).
-  if (blockIdx.x == 0) combine_start_signal(s_peers, L, local, parity, combine_signal(epoch, true));
+  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, true));
   const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
   // bar.sync after thread r's acquire of rank r's signal: every thread's loads below are ordered after it.
   const bool go = __syncthreads_and(started);

@@ -53,12 +53,12 @@ struct CombineSchedule {
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
 };
 
-// Start of a combine call, CTA 0 only (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
+// CTA 0 only (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
 // read by our call epoch - 1, finished: stream order; next bumped by the peers' push call epoch + 1,
 // which stores into it only after acquiring our signal of epoch), then fence.acq_rel.sys + bar.sync +
 // st.release.sys of `signal` (combine_signal) into every rank: cumulative over the zeroing and over
 // every earlier kernel on this stream (in pull mode: cmb_in's producer, the dispatch's cmb_map stores).
-__device__ __forceinline__ void combine_start_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
+__device__ __forceinline__ void combine_zero_next_and_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
                                                      int parity, uint64_t signal) {
   uint32_t* other = cmb_arr(local, L, parity ^ 1);
   for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
