@@ -347,7 +347,14 @@ def run_all(backend, scenarios, res):
         for layout in ("contiguous", "masked"):
             for weighted in (False, True):
                 one_round(buf, x, s, idx, w, layout, weighted=weighted, a2a=True)
-        one_round(buf, x, s, idx, w, "contiguous", idx_dtype=torch.int32, a2a=True)
+        outs = one_round(buf, x, s, idx, w, "contiguous", idx_dtype=torch.int32, a2a=True)
+        # one_round ends with a pull combine: a push combine of the same dispatch right after it (no
+        # dispatch between) must wait for the pull call's late "zeroed" signal (layout v9) and be exact
+        eo = expert_out_from_row_src(buf, outs[-1].num_rows())
+        for _ in range(2):
+            y = buf.combine(eo, outs[-1])
+            assert torch.equal(y.view(torch.int16), expected_combine(rank, idx, w, H, E, False).view(torch.int16)), \
+                "push combine after a pull combine differs"
 
     def few_sms():
         buf.num_sms = 3
