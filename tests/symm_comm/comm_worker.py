@@ -347,7 +347,14 @@ def run_all(backend, scenarios, res):
         for layout in ("contiguous", "masked"):
             for weighted in (False, True):
                 one_round(buf, x, s, idx, w, layout, weighted=weighted, a2a=True)
-        one_round(buf, x, s, idx, w, "contiguous", idx_dtype=torch.int32, a2a=True)
+        outs = one_round(buf, x, s, idx, w, "contiguous", idx_dtype=torch.int32, a2a=True)
+        # one_round ends with a pull combine: a push combine of the same dispatch right after it (no
+        # dispatch between) must wait for the pull call's late "zeroed" signal (layout v9) and be exact
+        eo = expert_out_from_row_src(buf, outs[-1].num_rows())
+        for _ in range(2):
+            y = buf.combine(eo, outs[-1])
+            assert torch.equal(y.view(torch.int16), expected_combine(rank, idx, w, H, E, False).view(torch.int16)), \
+                "push combine after a pull combine differs"
 
     def few_sms():
         buf.num_sms = 3
@@ -400,6 +407,14 @@ def run_all(backend, scenarios, res):
         for bad in (-5, 10 ** 9):  # raised before any allocation (every rank alike)
             expect_error(lambda: symm_comm.Buffer(None, E, H, K, T_max, backend=backend, combine_input_rows=bad),
                          ValueError, "combine_input_rows")
+        if R > 1:  # layouts that differ between ranks: every rank refuses, before the collective allocation
+            expect_error(lambda: symm_comm.Buffer(None, E, H, K, T_max, backend=backend,
+                                                  combine_input_rows=0 if rank == 0 else -1),
+                         ValueError, "layouts differ")
+        # the pull path takes buf.combine_input() itself (a slice would hide rows), once per dispatch
+        outs = one_round(buf, x, s, idx, w, "contiguous")  # its last combine pulled
+        expect_error(lambda: buf.combine(buf.combine_input(), outs[-1]), ValueError, "already combined")
+        expect_error(lambda: buf.combine(buf.combine_input()[:8], outs[-1]), ValueError, "combine_input()")
         x, s, idx, w = make_inputs(rank, 8, H, E, K, gen)
         one_round(buf, x, s, idx, w, "contiguous")
 
@@ -528,6 +543,16 @@ def run_all(backend, scenarios, res):
             torch.cuda.synchronize()
             dist.barrier()
             big.destroy()
+        # top-12 (K > 8: the pull combine's one-item path, rows in batches of 8)
+        k12 = symm_comm.Buffer(None, 16 * R, 256, 12, 96, backend=backend, timeout_s=30.0, combine_input_rows=-1)
+        try:
+            xk, sk, ik, wk = make_inputs(rank, 96 - 20 * (rank % 2), 256, 16 * R, 12, gen)
+            for layout in ("contiguous", "masked"):
+                one_round(k12, xk, sk, ik, wk, layout, weighted=True, a2a=True)
+        finally:
+            torch.cuda.synchronize()
+            dist.barrier()
+            k12.destroy()
         # top-6 (K does not divide 32): the one-pass metadata's dedup sends take the owner-mask loads
         # (metadata.cuh meta_walk, rolled loop) instead of the lane match of K = 8
         odd = symm_comm.Buffer(None, 8 * R, 256, 6, 420, backend=backend, timeout_s=30.0, combine_input_rows=-1)

@@ -37,7 +37,7 @@ def test_layout_regions(R, E, H, K, T, bm, cin):
     # combine chunks: a power of two >= 16 tokens, C chunks cover T, shared tables (R + 5) * C <= 8192 ints
     ch, C = L.combine_chunk, L.num_chunks
     assert ch >= 16 and ch & (ch - 1) == 0 and C == -(-T // ch) and (R + 5) * C <= 8192
-    assert L.version == 8
+    assert L.version == 9
     # default pool: contiguous worst case, a multiple of block_m, and room for the masked layout
     assert L.pool_rows % bm == 0
     assert L.pool_rows >= R * T * K + Lx * (bm - 1)

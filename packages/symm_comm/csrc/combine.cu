@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   //  - WAR guard: peer r reads its half `parity` (rows and counters) in call epoch - 2, so we store
   //    into it only after acquiring r's signal >= epoch - 1; bar.sync orders every thread's stores
   //    after that acquire.
-  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, false));
+  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, false, true));
   // The schedule reads only local data of the last dispatch (an earlier launch) and stores nothing
   // into a peer, so it is built BEFORE the wait below: the peers' start signals travel meanwhile.
   CombineSchedule sched = CombineSchedule::carve(smem, L);
@@ -44,9 +44,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
     report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
-  // (either mode: a pull call c - 1 read no combine half)
-  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false), threadIdx.x, deadline,
-                                 err, SYMM_PHASE_COMBINE_RANKS, /*detail = epochs*/ 1);
+  // (either mode: a pull call c - 1 read no combine half; it signals "zeroed" at its end)
+  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false, true), threadIdx.x,
+                                 deadline, err, SYMM_PHASE_COMBINE_RANKS, /*detail = epochs*/ 2);
   // WAR guard (above): every thread's peer stores in combine_run come after this bar.sync, which
   // follows thread r's ld.acquire.sys of rank r's signal.
   const bool go = __syncthreads_and(started);
@@ -71,16 +71,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int parity = (int)(epoch & 1);
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;
   if (st0) stamp(local, L, 6);
-  // CTA 0: "started epoch, pulling" to every rank (itself included), after the same zeroing a push
-  // call does (a push call epoch + 1 counts into cmb_arr[parity ^ 1]).
-  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, true));
+  // CTA 0 signals "started epoch, pulling" to every rank (itself included) at once: st.release.sys,
+  // cumulative over every earlier kernel on this stream (cmb_in's producer, the dispatch's cmb_map
+  // stores into peers). The zeroing of cmb_arr[parity ^ 1] that a push call epoch + 1 needs comes at
+  // the END of CTA 0 with a second signal ("zeroed"; layout.cuh combine_signal): measured ~1 us off
+  // the start (A/B of a variant without the zeroing, 2 x H200, 128 tokens 35.2 -> 34.2-34.3 us).
+  if (blockIdx.x == 0) rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x);
   const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
   // bar.sync after thread r's acquire of rank r's signal: every thread's loads below are ordered after it.
   const bool go = __syncthreads_and(started);
   if (st0) stamp(local, L, 7);
   if (go) combine_pull_run<kReduceK>(W, L, s_peers, local, num_tokens, topk_w, y, err);
   if (st0) stamp(local, L, 8);
-  combine_end(local, L, epoch);  // every exit path
+  // Every exit path: CTA 0 zeroes the next call's counters and signals "zeroed" (a peer's push call
+  // epoch + 1 waits for it before it counts into them).
+  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, true, true));
+  combine_end(local, L, epoch);
 }
 }  // namespace
 

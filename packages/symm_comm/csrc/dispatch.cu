@@ -166,7 +166,7 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
   // by the collective resync / at creation, when no kernel runs on any rank.
   for (int64_t r = i; r < L.num_ranks; r += nthr) {
     signals(local, L, SYMM_OP_DISPATCH)[r] = e_d << 32;
-    signals(local, L, SYMM_OP_COMBINE)[r] = combine_signal(e_c, false);  // epoch e_c started (either mode)
+    signals(local, L, SYMM_OP_COMBINE)[r] = combine_signal(e_c, false, true);  // epoch e_c started, zeroed
     signals(local, L, SYMM_SIG_DISPATCH_DONE)[r] = e_d << 32;  // counted like the dispatch row
   }
   uint32_t* ca = cmb_arr(local, L, 0);

@@ -274,24 +274,25 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
 // with (owner, row) from cmb_map (written by the owners in the dispatch). No combine buffer, no per-token
 // counters, no second pass: the local rows and the reduction overlap the remote reads, and a token's
 // rows are read once. Same FP32 arithmetic and order as combine_reduce_item (the results are identical).
-// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true) (st.release.sys,
-// after fence.acq_rel.sys) only from inside its combine kernel, i.e. after every earlier kernel on its
+// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (st.release.sys)
+// only from inside its combine kernel, i.e. after every earlier kernel on its
 // stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
 // acquires (ld.acquire.sys) that signal of EVERY rank before its first cmb_map / cmb_in load (bar.sync
 // after the acquiring threads), so it sees both. WAR: the owner's producer rewrites cmb_in only after its
 // next dispatch passed the one-hop barrier, which needs this rank's arrival, i.e. after our combine ended.
 
-// Thread r < R of every CTA: waits until rank r started this pull combine (its word >= epoch * 2).
-// A word of exactly epoch * 2 is rank r's PUSH combine of this epoch: the ranks disagree on the mode
-// (SYMM_ERR_COMBINE_MODE, what = r) — reported, never read as rows. Returns false on error / timeout.
+// Thread r < R of every CTA: waits until rank r started this pull combine (its word >= epoch * 4).
+// A word of this epoch without the pull bit is rank r's PUSH combine of this epoch: the ranks disagree on
+// the mode (SYMM_ERR_COMBINE_MODE, what = r) — reported, never read as rows. Returns false on error /
+// timeout.
 __device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayout& L, uint64_t epoch, int r,
                                                   uint64_t deadline, const ErrSink& err) {
   if (r >= L.num_ranks) return true;
-  if (!rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch, false), r, deadline, err,
-                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ 1))
+  if (!rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch, false, false), r, deadline, err,
+                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ 2))
     return false;
   const uint64_t v = ptx::ld_acquire_sys_u64(signals(local, L, SYMM_OP_COMBINE) + r);
-  if (v == combine_signal(epoch, false)) {
+  if ((v >> 2) == epoch && !(v & 1)) {
     report_error(err, SYMM_ERR_COMBINE_MODE, SYMM_PHASE_COMBINE_PULL, r, (int32_t)(v & 1));
     return false;
   }

@@ -64,10 +64,11 @@
 #pragma once
 #include <stdint.h>
 
-#define SYMM_LAYOUT_VERSION 8  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
+#define SYMM_LAYOUT_VERSION 9  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
                                // 6: meta_all row E = num_tokens per source, done row counted in every call;
                                // 7: meta_map (the pull reads a token's row once per owner), meta_count unclamped
                                // 8: cmb_map + cmb_in (the pull combine), combine signals = epoch * 2 + pull
+                               // 9: combine signals = epoch * 4 + 2 * zeroed + pull (combine_signal)
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
@@ -349,10 +350,13 @@ __host__ __device__ __forceinline__ int32_t* cmb_map(uint64_t base, const SymmLa
 __host__ __device__ __forceinline__ uint16_t* cmb_in_row(uint64_t base, const SymmLayout& L, int64_t row) {
   return at<uint16_t>(base, L.off_cmb_in) + row * L.hidden;
 }
-// Combine start signal words: epoch * 2 + (1 if the call pulls). Push calls compare epochs only
-// (>> 1); a pull call also checks that every rank pulls in the same call (layout v8).
-__host__ __device__ __forceinline__ uint64_t combine_signal(uint64_t epoch, bool pull) {
-  return epoch * 2 + (pull ? 1 : 0);
+// Combine signal words (layout v9): epoch * 4 + 2 * zeroed + pull. "zeroed": the rank's cmb_arr half of
+// the NEXT call is zeroed (a push call zeroes it before its one signal; a pull call signals first and
+// zeroes at its end, then signals again: pull calls do not wait for it). A push call c waits for >=
+// combine_signal(c - 1, *, zeroed) (started c - 1 and zeroed); a pull call c waits for >= c * 4 and checks
+// the pull bit (every rank pulls in the same call).
+__host__ __device__ __forceinline__ uint64_t combine_signal(uint64_t epoch, bool pull, bool zeroed) {
+  return epoch * 4 + (zeroed ? 2 : 0) + (pull ? 1 : 0);
 }
 // cmb_arr[parity][token]
 __host__ __device__ __forceinline__ uint32_t* cmb_arr(uint64_t base, const SymmLayout& L, int parity) {

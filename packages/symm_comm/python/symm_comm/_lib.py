@@ -8,7 +8,7 @@ from ._native import NativeLib
 
 c_i64, c_int, c_vp, c_u64 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64
 
-LAYOUT_VERSION = 8
+LAYOUT_VERSION = 9
 ERR_WORDS = 8
 
 

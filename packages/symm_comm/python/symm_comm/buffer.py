@@ -36,6 +36,7 @@ class Handle:
                                   # was captured into a CUDA graph: every replay is a new epoch, so a
                                   # captured consumer reads the device's epoch (Buffer.epochs[0]) instead
     framework: str = "torch"
+    pulled: bool = False          # combined once from buf.combine_input() (the pull path allows one per dispatch)
 
     def num_rows(self) -> int:
         """Pool rows used (synchronises)."""
@@ -87,6 +88,16 @@ class Buffer:
                     raise ValueError(f"combine_input_rows: {combine_input_rows} exceeds the pool's {P} rows "
                                      "(-1: one row per pool row)") from None
             raise
+        # Every rank must place every region at the same offset (peers store into our buffer by offset):
+        # compare the layouts before the collective allocation (e.g. combine_input_rows 0 on one rank).
+        mine = (int(self.layout.total_bytes), int(self.layout.pool_rows), int(self.layout.max_m),
+                int(self.layout.cmb_in_rows))
+        every = [None] * self.num_ranks
+        dist.all_gather_object(every, mine, group=group)
+        if any(v != mine for v in every):
+            raise ValueError(f"symm_comm.Buffer: the ranks' layouts differ (total_bytes, pool_rows, max_m, "
+                             f"combine_input_rows per rank: {every}); create the buffer with the same arguments "
+                             "on every rank")
         L = self.layout
         self.num_experts, self.hidden, self.topk = num_experts, hidden, topk
         self.max_tokens = max_tokens_per_rank
@@ -162,9 +173,17 @@ class Buffer:
             v = v[:n].view(self.num_local_experts, self.max_m, H)
         return v
 
-    def _is_combine_input(self, ea) -> bool:
+    def _is_combine_input(self, ea, masked: bool) -> bool:
+        """True iff expert_out is this buffer's combine_input() (the pull path). A view that starts there
+        with another shape (a slice) is refused: the pull reads every row the dispatch used in place."""
         L = self.layout
-        return int(L.cmb_in_rows) > 0 and ea.ptr == self._base + int(L.off_cmb_in)
+        if int(L.cmb_in_rows) <= 0 or ea.ptr != self._base + int(L.off_cmb_in):
+            return False
+        want = (self.num_local_experts, self.max_m, self.hidden) if masked else (int(L.cmb_in_rows), self.hidden)
+        if tuple(ea.shape) != want:
+            raise ValueError(f"expert_out: starts at the buffer's combine input but has shape {tuple(ea.shape)}; "
+                             f"pass buf.combine_input({'masked=True' if masked else ''}) itself (shape {want})")
+        return True
 
     def memory_report(self) -> dict:
         """Bytes per region of this rank's buffer (and the total)."""
@@ -267,7 +286,8 @@ class Buffer:
     def combine(self, expert_out, handle: Handle, topk_w=None, *, out=None, check: bool | None = None):
         """y[t] = BF16(sum_k [topk_w[t, k] *] expert_out[row(t, k)]) over the k the dispatch sent, FP32, k order.
         expert_out: BF16 [P', H] (contiguous; P' >= rows used) or [L, max_m, H] (masked); buf.combine_input()
-        (every rank in the same call): the pull combine, which reads the rows in place."""
+        itself (every rank in the same call, once per dispatch): the pull combine, which reads the rows in
+        place; leave them unchanged until the next dispatch."""
         if not isinstance(handle, Handle):
             raise TypeError(f"handle: expected the Handle returned by dispatch, got {type(handle).__name__}")
         if handle.seq != self._dispatch_seq:
@@ -278,6 +298,16 @@ class Buffer:
         oa = _arrays.view(out, "out") if out is not None else None
         rows = check_combine(self._cfg, ea, handle.masked, handle.num_tokens, wa, oa)
         self._ready()
+        pull = self._is_combine_input(ea, handle.masked)
+        if pull:
+            # The peers read this rank's rows in place until their combine ends; a second pull of the
+            # same dispatch would invite rewriting them in between (nothing orders that write after the
+            # peers' reads). Combine again with a plain tensor (push path) instead.
+            if handle.pulled:
+                raise ValueError("expert_out: this dispatch was already combined from buf.combine_input(); "
+                                 "combine it again from a plain tensor (the rows may be rewritten only after "
+                                 "the next dispatch)")
+            handle.pulled = True
         if out is None:
             y = torch.empty((handle.num_tokens, self.hidden), dtype=torch.bfloat16, device=self.device)
             ya = _arrays.view(y, "out")
@@ -285,7 +315,7 @@ class Buffer:
             y, ya = out, oa
         stream = _arrays.stream_of(ea)
         with _arrays.device_of(ea):
-            if self._is_combine_input(ea):  # the rows are in every rank's cmb_in: pull them in place
+            if pull:  # the rows are in every rank's cmb_in: pull them in place
                 LIB.call("symm_combine_pull", ctypes.byref(self.layout), self.peers.data_ptr(),
                          wa.ptr if wa is not None and wa.ptr else None, ya.ptr or None, handle.num_tokens,
                          self.num_sms, self.timeout_ns, self._hw, stream)
