@@ -72,13 +72,6 @@ int coop_shape(Kernel kernel, int threads, size_t smem, int dev, int* sms_out, i
   if (smem > 48 * 1024 &&
       (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
     return clear_and_return(e);
-  // SYMM_CARVEOUT=p (measurement knob, unset = the driver's choice): the preferred shared-memory carveout
-  // (percent) of every symm kernel; one value for all of them means no L1 / shared reconfiguration of
-  // the SMs between back-to-back kernels of different shared-memory sizes (dispatch ~100 KB, pull combine 0).
-  static const int carveout = env_int("SYMM_CARVEOUT", -1);
-  if (carveout >= 0 &&
-      (e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout)) != cudaSuccess)
-    return clear_and_return(e);
   if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem)) != cudaSuccess)
     return clear_and_return(e);
   if (per_sm < 1) return SYMM_ECOOP;
