@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!with_data && blockIdx.x == 0 && threadIdx.x == 0)
     report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
-  // (either mode: a pull call c - 1 read no combine half; it signals "zeroed" at its end)
+  // (either mode: a pull call c - 1 read no combine half; its last CTA signals "zeroed" once it zeroed)
   const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false, true), threadIdx.x,
                                  deadline, err, SYMM_PHASE_COMBINE_RANKS, /*detail = epochs*/ 2);
   // WAR guard (above): every thread's peer stores in combine_run come after this bar.sync, which
@@ -71,21 +71,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int parity = (int)(epoch & 1);
   const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;
   if (st0) stamp(local, L, 6);
-  // CTA 0 signals "started epoch, pulling" to every rank (itself included) at once: st.release.sys,
+  // CTA 0 signals "started epoch, pulling" to every rank (itself included) at once: red.release.sys.max,
   // cumulative over every earlier kernel on this stream (cmb_in's producer, the dispatch's cmb_map
-  // stores into peers). The zeroing of cmb_arr[parity ^ 1] that a push call epoch + 1 needs comes at
-  // the END of CTA 0 with a second signal ("zeroed"; layout.cuh combine_signal): measured ~1 us off
-  // the start (A/B of a variant without the zeroing, 2 x H200, 128 tokens 35.2 -> 34.2-34.3 us).
-  if (blockIdx.x == 0) rank_signal(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x);
+  // stores into peers). The zeroing of cmb_arr[parity ^ 1] that a push call epoch + 1 needs is done by
+  // the LAST CTA, before its items, with a second signal ("zeroed"; layout.cuh combine_signal): off the
+  // start (measured ~1 us when CTA 0 zeroed before its signal) and off the end (CTA 0 zeroing after its
+  // items: +0.45 us at 1 token, 2 x H200); in small calls the last CTA holds no item. Both signals go to
+  // the same slot, so both are red.max: the slot ends at "zeroed" whichever lands last.
+  if (blockIdx.x == 0) rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x);
+  if (blockIdx.x == gridDim.x - 1)
+    combine_zero_next_and_signal<true>(s_peers, L, local, parity, combine_signal(epoch, true, true));
   const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
   // bar.sync after thread r's acquire of rank r's signal: every thread's loads below are ordered after it.
   const bool go = __syncthreads_and(started);
   if (st0) stamp(local, L, 7);
   if (go) combine_pull_run<kReduceK>(W, L, s_peers, local, num_tokens, topk_w, y, err);
   if (st0) stamp(local, L, 8);
-  // Every exit path: CTA 0 zeroes the next call's counters and signals "zeroed" (a peer's push call
-  // epoch + 1 waits for it before it counts into them).
-  if (blockIdx.x == 0) combine_zero_next_and_signal(s_peers, L, local, parity, combine_signal(epoch, true, true));
   combine_end(local, L, epoch);
 }
 }  // namespace

@@ -50,6 +50,12 @@ __device__ __forceinline__ void rank_signal(const uint64_t* peers, const SymmLay
                                             int r) {
   if (r < L.num_ranks) ptx::st_release_sys_u64(signals(peers[r], L, op) + L.rank, epoch);
 }
+// The same with red.release.sys.max: for a slot that two CTAs of one call publish into (the word keeps
+// the larger value whichever lands last).
+__device__ __forceinline__ void rank_signal_max(const uint64_t* peers, const SymmLayout& L, int op, uint64_t value,
+                                                int r) {
+  if (r < L.num_ranks) ptx::red_max_release_sys_u64(signals(peers[r], L, op) + L.rank, value);
+}
 
 // Thread `r` (r < num_ranks) of EVERY group waits until rank r's word for us is >= want.
 // Returns false on timeout (error reported, what = r, detail = the word >> detail_shift).

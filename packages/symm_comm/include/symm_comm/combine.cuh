@@ -53,18 +53,24 @@ struct CombineSchedule {
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
 };
 
-// CTA 0 only (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
+// One CTA (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
 // read by our call epoch - 1, finished: stream order; next bumped by the peers' push call epoch + 1,
 // which stores into it only after acquiring our signal of epoch), then fence.acq_rel.sys + bar.sync +
 // st.release.sys of `signal` (combine_signal) into every rank: cumulative over the zeroing and over
 // every earlier kernel on this stream (in pull mode: cmb_in's producer, the dispatch's cmb_map stores).
+// max_merge: the slot has a second writer in the same call (pull: CTA 0's start signal), so publish
+// with red.max (the word never goes back).
+template <bool kMaxMerge = false>
 __device__ __forceinline__ void combine_zero_next_and_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
                                                      int parity, uint64_t signal) {
   uint32_t* other = cmb_arr(local, L, parity ^ 1);
   for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
   ptx::fence_acq_rel_sys();
   __syncthreads();
-  rank_signal(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
+  if constexpr (kMaxMerge)
+    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
+  else
+    rank_signal(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
 }
 
 // End of a combine call, every CTA, every exit path: the last CTA out publishes the epoch (barrier.cuh)
@@ -274,7 +280,7 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
 // with (owner, row) from cmb_map (written by the owners in the dispatch). No combine buffer, no per-token
 // counters, no second pass: the local rows and the reduction overlap the remote reads, and a token's
 // rows are read once. Same FP32 arithmetic and order as combine_reduce_item (the results are identical).
-// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (st.release.sys)
+// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (red.release.sys.max)
 // only from inside its combine kernel, i.e. after every earlier kernel on its
 // stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
 // acquires (ld.acquire.sys) that signal of EVERY rank before its first cmb_map / cmb_in load (bar.sync
