@@ -53,13 +53,12 @@ struct CombineSchedule {
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
 };
 
-// One CTA (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last
-// read by our call epoch - 1, finished: stream order; next bumped by the peers' push call epoch + 1,
-// which stores into it only after acquiring our signal of epoch), then fence.acq_rel.sys + bar.sync +
-// st.release.sys of `signal` (combine_signal) into every rank: cumulative over the zeroing and over
-// every earlier kernel on this stream (in pull mode: cmb_in's producer, the dispatch's cmb_map stores).
-// max_merge: the slot has a second writer in the same call (pull: CTA 0's start signal), so publish
-// with red.max (the word never goes back).
+// One CTA (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last read by our call epoch - 1,
+// finished: stream order; next bumped by the peers' push call epoch + 1, which stores into it only after
+// acquiring our "zeroed" signal of epoch), then fence.acq_rel.sys + bar.sync + a release of `signal`
+// (combine_signal) into every rank: cumulative over the zeroing and over every earlier kernel on this
+// stream. kMaxMerge (pull): the slot has a second writer in the same call (CTA 0's start signal), so the
+// release is a red.max (the word never goes back); push: st.release.sys.
 template <bool kMaxMerge = false>
 __device__ __forceinline__ void combine_zero_next_and_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
                                                      int parity, uint64_t signal) {

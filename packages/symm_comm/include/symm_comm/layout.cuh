@@ -352,9 +352,9 @@ __host__ __device__ __forceinline__ uint16_t* cmb_in_row(uint64_t base, const Sy
 }
 // Combine signal words (layout v9): epoch * 4 + 2 * zeroed + pull. "zeroed": the rank's cmb_arr half of
 // the NEXT call is zeroed (a push call zeroes it before its one signal; in a pull call CTA 0 signals at
-// its start and the last CTA zeroes, then signals again, both with red.max: pull calls do not wait for it). A push call c waits for >=
-// combine_signal(c - 1, *, zeroed) (started c - 1 and zeroed); a pull call c waits for >= c * 4 and checks
-// the pull bit (every rank pulls in the same call).
+// its start and the last CTA zeroes, then signals again, both with red.max; pull calls do not wait for
+// it). A push call c waits for >= combine_signal(c - 1, *, zeroed) (started c - 1 and zeroed); a pull
+// call c waits for >= c * 4 and checks the pull bit (every rank pulls in the same call).
 __host__ __device__ __forceinline__ uint64_t combine_signal(uint64_t epoch, bool pull, bool zeroed) {
   return epoch * 4 + (zeroed ? 2 : 0) + (pull ? 1 : 0);
 }
