@@ -544,27 +544,25 @@ def run_all(backend, scenarios, res):
             dist.barrier()
             big.destroy()
         # top-12 (K > 8: the pull combine's one-item path, rows in batches of 8)
-        k12 = symm_comm.Buffer(None, 16 * R, 256, 12, 96, backend=backend, timeout_s=30.0, combine_input_rows=-1)
-        try:
-            xk, sk, ik, wk = make_inputs(rank, 96 - 20 * (rank % 2), 256, 16 * R, 12, gen)
-            for layout in ("contiguous", "masked"):
-                one_round(k12, xk, sk, ik, wk, layout, weighted=True, a2a=True)
-        finally:
-            torch.cuda.synchronize()
-            dist.barrier()
-            k12.destroy()
+        rounds_on_own_buffer(16 * R, 256, 12, 96, 96 - 20 * (rank % 2))
         # top-6 (K does not divide 32): the one-pass metadata's dedup sends take the owner-mask loads
-        # (metadata.cuh meta_walk, rolled loop) instead of the lane match of K = 8
-        odd = symm_comm.Buffer(None, 8 * R, 256, 6, 420, backend=backend, timeout_s=30.0, combine_input_rows=-1)
+        # (metadata.cuh meta_walk, rolled loop) instead of the lane match of K = 8; duplicates in a token
+        rounds_on_own_buffer(8 * R, 256, 6, 420, 420 - 30 * (rank % 2), dup_every=4)
+
+    def rounds_on_own_buffer(Eb, Hb, Kb, Tb, T, dup_every=0):
+        """A buffer of its own (destroyed after): one weighted round per pool layout, checked exactly and
+        against the all-to-all reference; dup_every: k = 2 repeats k = 1's expert in every dup_every-th token."""
+        b = symm_comm.Buffer(None, Eb, Hb, Kb, Tb, backend=backend, timeout_s=30.0, combine_input_rows=-1)
         try:
-            x6, s6, i6, w6 = make_inputs(rank, 420 - 30 * (rank % 2), 256, 8 * R, 6, gen)
-            i6[::4, 2] = i6[::4, 1]  # duplicates inside a token
+            xb, sb, ib, wb = make_inputs(rank, T, Hb, Eb, Kb, gen)
+            if dup_every:
+                ib[::dup_every, 2] = ib[::dup_every, 1]
             for layout in ("contiguous", "masked"):
-                one_round(odd, x6, s6, i6, w6, layout, weighted=True, a2a=True)
+                one_round(b, xb, sb, ib, wb, layout, weighted=True, a2a=True)
         finally:
             torch.cuda.synchronize()
             dist.barrier()
-            odd.destroy()
+            b.destroy()
 
     def pool_overflow():
         small = symm_comm.Buffer(None, 3 * R, 256, 3, 40, block_m=16, pool_rows=64, backend=backend, timeout_s=30.0)
