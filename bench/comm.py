@@ -11,6 +11,9 @@ Times: CUDA events, median after warm-up, routing rotated over --rotations fresh
                   GPU time: launch_gap_probe.py; the first pair absorbs the ranks' start skew).
   symm_*_seq_us : per call from that: symm_*_us less half of (dispatch + combine - pair), the per-call
                   event cost (the probe measured it the same for both kernel shapes).
+  symm_*_kernel_us: the kernel's own GPU duration in the back-to-back sequence (CUDA profiler, CUPTI
+                  timestamps; median; max over ranks): no launch gap, no event — DeepEP's way of timing
+                  (bench_kineto). Includes the kernel's waits for the other ranks.
   nccl_*_us     : all_to_all_single exchange (counts exchange + host sync for the splits + rows),
                   timed per call; max over ranks.
 Bytes: rows that cross NVLink into/out of this rank (token rows of other ranks; local rows excluded),
@@ -37,7 +40,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import header, time_cuda, time_cuda_sequence, time_cuda_sequence_total, write_results  # noqa: E402
+from common import (header, kernel_times_sequence, time_cuda, time_cuda_sequence,  # noqa: E402
+                    time_cuda_sequence_total, write_results)
 
 
 def _free_port() -> int:
@@ -261,6 +265,12 @@ def _run(rank, R, args):
         seq_pairs = 4 * npairs
         pair_seq = statistics.median(time_cuda_sequence_total(fns * 4, warmup=1, reps=args.reps, skip=2)) / (seq_pairs - 1)
         buf.check_errors()
+        # Kernel durations (profiler) in the same back-to-back sequence
+        dist.barrier()
+        kt = kernel_times_sequence(fns, ["symm_dispatch_kernel", "symm_combine"], warmup=1, reps=max(4, args.reps // 2))
+        buf.check_errors()
+        k_d = statistics.median(kt["symm_dispatch_kernel"]) * 1e6 if kt["symm_dispatch_kernel"] else float("nan")
+        k_c = statistics.median(kt["symm_combine"]) * 1e6 if kt["symm_combine"] else float("nan")
         # host-inclusive single calls
         it = {"i": 0, "h": buf.dispatch(*rots[0], layout=args.layout)[-1]}
 
@@ -301,7 +311,7 @@ def _run(rank, R, args):
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
-            "symm_pair_seq_us": pair_seq * 1e6,
+            "symm_pair_seq_us": pair_seq * 1e6, "symm_dispatch_kernel_us": k_d, "symm_combine_kernel_us": k_c,
             # per call without the per-call event: the event cost (d + c - pair) / 2 taken off each
             "symm_dispatch_seq_us": (med(d_times) - (med(d_times) + med(c_times) - pair_seq) / 2) * 1e6,
             "symm_combine_seq_us": (med(c_times) - (med(d_times) + med(c_times) - pair_seq) / 2) * 1e6,
@@ -361,7 +371,7 @@ def main():
         per = [results[r]["rows"][i] for r in sorted(results)]
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
-                  "symm_pair_seq_us", "symm_dispatch_seq_us",
+                  "symm_pair_seq_us", "symm_dispatch_seq_us", "symm_dispatch_kernel_us", "symm_combine_kernel_us",
                   "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us", "floor_read_us", "floor_write_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
@@ -385,7 +395,7 @@ def main():
                    "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
             "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
-            "symm_combine_seq_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
+            "symm_combine_seq_us", "symm_dispatch_kernel_us", "symm_combine_kernel_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
             "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us"]
     lay = ("" if args.layout == "contiguous" else f"-{args.layout}") + ("-pull" if args.combine == "pull" else "")

@@ -185,6 +185,30 @@ def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0, skip=0) -> 
     return out
 
 
+def kernel_times_sequence(fns, patterns, *, warmup=3, reps=10, hold_ms=5.0) -> dict[str, list[float]]:
+    """GPU durations (seconds) of the kernels whose names contain each pattern, from the CUDA profiler
+    (torch.profiler / CUPTI timestamps) while `fns` run back to back `reps` times: the kernel alone,
+    without launch gaps or events (how DeepEP's benchmarks time their kernels, bench_kineto). Kernels
+    of coupled ranks include their waits for each other. {pattern: [durations]}; empty lists if the
+    profiler recorded nothing."""
+    from torch.profiler import ProfilerActivity, profile
+    _warm_sequence(fns, warmup)
+    out: dict[str, list[float]] = {p: [] for p in patterns}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for r in range(reps):
+            _hold_stream(hold_ms)
+            for f in fns:
+                f(r)
+        torch.cuda.synchronize()
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        for p in patterns:
+            if p in ev.name:
+                out[p].append(ev.time_range.elapsed_us() * 1e-6)
+    return out
+
+
 def time_cuda_sequence(fns, *, warmup=3, reps=20, hold_ms=5.0) -> list[list[float]]:
     """Seconds of each callable in `fns` when they run BACK TO BACK on the current stream, per rep:
     returns times[rep][i]. Every rep first parks the stream on a `torch.cuda._sleep` of ~hold_ms so

@@ -357,10 +357,13 @@ def run_all(backend, scenarios, res):
                 "push combine after a pull combine differs"
 
     def few_sms():
-        buf.num_sms = 3
-        x, s, idx, w = make_inputs(rank, 50, H, E, K, gen)
-        one_round(buf, x, s, idx, w, "contiguous", weighted=True)
-        one_round(buf, x, s, idx, w, "masked")
+        # Small T on 3, 2 and 1 CTAs (the metadata, staging and pull of a small call share the few CTAs);
+        # 50 tokens: the dedup encoding; 20 (<= 256 ids): plain ids.
+        for sms, T in ((3, 50), (1, 50), (2, 20), (1, 20)):
+            buf.num_sms = sms
+            x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
+            one_round(buf, x, s, idx, w, "contiguous", weighted=True)
+            one_round(buf, x, s, idx, w, "masked")
         buf.num_sms = 0
 
     def zero_tokens():
