@@ -392,7 +392,8 @@ def main():
                    "hidden": args.hidden,
                    "experts": args.experts,
                    "topk": args.topk, "peer_read_GBps": read_bw / 1e9, "peer_write_GBps": write_bw / 1e9,
-                   "timing": "CUDA events, median after warm-up, routing rotated; max over ranks"})
+                   "timing": "CUDA events (symm_*_kernel_us: CUDA profiler), median after warm-up, routing rotated; "
+                             "max over ranks"})
     cols = ["tokens", "symm_dispatch_us", "symm_combine_us", "nccl_dispatch_us", "nccl_combine_us",
             "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
             "symm_combine_seq_us", "symm_dispatch_kernel_us", "symm_combine_kernel_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
