@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
   // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
-  // bit 1 unused (was SYMM_SPREAD, removed); bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
+  // bit 1: every thread fences before the one-hop barrier's arrival (SYMM_BARRIER_FENCE=1, A/B knob);
+  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -82,8 +83,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
   __syncthreads();  // stamp 1 = CTA 0's whole phase A (metadata warp and stagers)
   if (st0) stamp(local, L, 1);
+  const bool all_fence = (pull_dynamic & 2) != 0;
   if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
-                               SYMM_PHASE_DISPATCH_RANKS, meta_ok)) {
+                               SYMM_PHASE_DISPATCH_RANKS, meta_ok, true, all_fence)) {
     if (st0) stamp(local, L, 2);
     // The call's mode: fixed by the kernel kind, or (AUTO) from every rank's num_tokens (same answer
     // in every CTA of every rank; dispatch.cuh decide_push). Stamp 11 records it (not a time).
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The row also grows by 2^32 in pull calls (rank_arrive_whole), so "word >= epoch << 32" holds
       // across mode switches (barrier.cuh).
       cta_rank_barrier_counted(s_peers, local, L, SYMM_SIG_DISPATCH_DONE, epoch, deadline, err,
-                               SYMM_PHASE_DISPATCH_PUSH_DONE, /*arrive=*/true, /*wait=*/blockIdx.x == 0);
+                               SYMM_PHASE_DISPATCH_PUSH_DONE, /*arrive=*/true, /*wait=*/blockIdx.x == 0, all_fence);
     } else {
       rank_arrive_whole(s_peers, L, SYMM_SIG_DISPATCH_DONE);  // keep the done row counted (every pull call)
       if (!check_capacity(W, L, t, a.masked != 0, err)) {
@@ -248,7 +250,9 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // 34.96 us at 128 tokens; removed.) SYMM_PAD_LATE (default 1; 0 for A/B): the pull's padding on the
   // grid's last warps.
   static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? 1 : 0;
-  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (pad_late << 2);
+  static const int all_fence = symm_host::env_int("SYMM_BARRIER_FENCE", 0) > 0 ? 1 : 0;
+  static const int pull_dynamic =
+      (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (all_fence << 1) | (pad_late << 2);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =

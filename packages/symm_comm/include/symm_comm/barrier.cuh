@@ -78,10 +78,14 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 // Every CTA of rank s adds to signals[op][s] in EVERY rank r (itself included) once per call: CTA 0
 // adds 2^32 - (n - 1), the others 1 (n = gridDim.x of s), so a completed call adds exactly 2^32 and
 // "word >= epoch << 32" holds iff all n CTAs of s arrived for this epoch (no reset, any n per call).
-// Contract: each thread fences (fence.acq_rel.sys) its own writes — peer metadata, own staging —,
-// then bar.sync, then the arrival is a red.release.sys (cumulative over the CTA through bar.sync).
-// The waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before
-// its arrival visible: the metadata s pushed here and the staging it will read from.
+// Contract: bar.sync, then the arrival is a red.release.sys by thread r (cumulative over the CTA: every
+// thread's earlier writes — peer metadata, own staging — precede it in causality order through the
+// bar.sync, as in cooperative groups' grid sync, where one thread fences after __syncthreads). The
+// waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before its
+// arrival visible: the metadata s pushed here and the staging it will read from.
+// all_fence: every thread also runs fence.acq_rel.sys first (the contract before 2026-11-30: not needed
+// by the model; measured 2.5-3.6 us per CTA at 1 and 128 tokens even in CTAs that stored only locally:
+// 2112 warps' MEMBAR.SYS, per-CTA stamps; kept as a knob, SYMM_BARRIER_FENCE=1).
 // wait is uniform over the CTA (a CTA that only arrives skips the trailing bar.sync too).
 // All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
 // what = the rank waited for). arrive = false in any thread (its part of phase A failed, error
@@ -90,8 +94,9 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
                                                          const SymmLayout& L, int op, uint64_t epoch,
                                                          uint64_t deadline, const ErrSink& err, int phase,
-                                                         bool arrive = true, bool wait = true) {
-  ptx::fence_acq_rel_sys();
+                                                         bool arrive = true, bool wait = true,
+                                                         bool all_fence = false) {
+  if (all_fence) ptx::fence_acq_rel_sys();
   if (!__syncthreads_and(arrive)) return false;
   const int r = threadIdx.x;
   if (r < L.num_ranks) {
