@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // reduce. One cooperative launch (every CTA waits for the signals: all must be resident).
 __global__ void __launch_bounds__(kThreads, 1)
     symm_combine_pull_kernel(SymmLayout L, const uint64_t* peers_g, const float* topk_w, uint16_t* y, int num_tokens,
-                             int32_t* host_err, uint64_t timeout_ns) {
+                             int32_t* host_err, uint64_t timeout_ns, int start_relaxed) {
   using namespace symm;
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
   const Workers W = Workers::cta();
@@ -78,7 +78,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // start (measured ~1 us when CTA 0 zeroed before its signal) and off the end (CTA 0 zeroing after its
   // items: +0.45 us at 1 token, 2 x H200); in small calls the last CTA holds no item. Both signals go to
   // the same slot, so both are red.max: the slot ends at "zeroed" whichever lands last.
-  if (blockIdx.x == 0) rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x);
+  // start_relaxed (SYMM_COMBINE_START_RELAXED=1, measurement knob): red.relaxed.sys.max — the signal then
+  // relies on the kernel boundary alone for the earlier kernels' writes (the assumption cmb_map already
+  // makes, dispatch.cuh pull_rows), saving CTA 0's MEMBAR.SYS on the handshake's path.
+  if (blockIdx.x == 0)
+    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x, start_relaxed != 0);
   if (blockIdx.x == gridDim.x - 1)
     combine_zero_next_and_signal<true>(s_peers, L, local, parity, combine_signal(epoch, true, true));
   const bool started = pull_wait_started(local, L, epoch, threadIdx.x, deadline, err);
@@ -101,8 +105,9 @@ extern "C" int symm_combine_pull(const SymmLayout* layout, const uint64_t* peers
     return SYMM_EINVAL;
   if (num_tokens > 0 && !y) return SYMM_EINVAL;
   if (!symm_host::aligned16(y) || !symm_host::aligned16(topk_w) || !symm_host::aligned16(peers)) return SYMM_EALIGN;
+  static const int start_relaxed = symm_host::env_int("SYMM_COMBINE_START_RELAXED", 0) > 0 ? 1 : 0;
   return symm_host::launch_coop(symm_combine_pull_kernel, kThreads, 0, num_sms, stream, L, peers, topk_w,
-                                static_cast<uint16_t*>(y), num_tokens, host_err, (uint64_t)timeout_ns);
+                                static_cast<uint16_t*>(y), num_tokens, host_err, (uint64_t)timeout_ns, start_relaxed);
 }
 
 extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, const void* expert_out, int64_t out_rows,

@@ -52,9 +52,12 @@ __device__ __forceinline__ void rank_signal(const uint64_t* peers, const SymmLay
 }
 // The same with red.release.sys.max: for a slot that two CTAs of one call publish into (the word keeps
 // the larger value whichever lands last).
+// relaxed: no release (the caller publishes nothing written by this kernel; see its contract).
 __device__ __forceinline__ void rank_signal_max(const uint64_t* peers, const SymmLayout& L, int op, uint64_t value,
-                                                int r) {
-  if (r < L.num_ranks) ptx::red_max_release_sys_u64(signals(peers[r], L, op) + L.rank, value);
+                                                int r, bool relaxed = false) {
+  if (r >= L.num_ranks) return;
+  if (relaxed) ptx::red_max_relaxed_sys_u64(signals(peers[r], L, op) + L.rank, value);
+  else ptx::red_max_release_sys_u64(signals(peers[r], L, op) + L.rank, value);
 }
 
 // Thread `r` (r < num_ranks) of EVERY group waits until rank r's word for us is >= want.

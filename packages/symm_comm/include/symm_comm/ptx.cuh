@@ -78,6 +78,11 @@ SYMM_DEV void st_relaxed_gpu_u64(uint64_t* p, uint64_t v) {
 SYMM_DEV void red_max_release_sys_u64(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// The same without the release (no MEMBAR.SYS): for a signal that publishes only earlier kernels' writes
+// (the pull combine's start signal under SYMM_COMBINE_START_RELAXED, a measurement knob).
+SYMM_DEV void red_max_relaxed_sys_u64(uint64_t* p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 // Volatile store to mapped host memory (error mirror); no atomics on host memory.
 SYMM_DEV void st_volatile_s32(int32_t* p, int32_t v) {
   asm volatile("st.volatile.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
