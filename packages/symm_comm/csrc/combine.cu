@@ -78,9 +78,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // start (measured ~1 us when CTA 0 zeroed before its signal) and off the end (CTA 0 zeroing after its
   // items: +0.45 us at 1 token, 2 x H200); in small calls the last CTA holds no item. Both signals go to
   // the same slot, so both are red.max: the slot ends at "zeroed" whichever lands last.
-  // start_relaxed (SYMM_COMBINE_START_RELAXED=1, measurement knob): red.relaxed.sys.max — the signal then
-  // relies on the kernel boundary alone for the earlier kernels' writes (the assumption cmb_map already
-  // makes, dispatch.cuh pull_rows), saving CTA 0's MEMBAR.SYS on the handshake's path.
+  // start_relaxed (default; SYMM_COMBINE_START_RELAXED=0 restores the release for A/B): red.relaxed.sys.max.
+  // This kernel has written nothing the readers need before the signal, and the earlier kernels' writes
+  // (cmb_in's producer, the dispatch's cmb_map peer stores) are complete at the kernel boundary (a grid
+  // ends after its stores are acknowledged; peers read this GPU's memory through its L2). Not justified by
+  // the PTX model, which has no kernel boundary; a fused kernel must release instead. Why: the release's
+  // MEMBAR.SYS in CTA 0 sits on the handshake's path: -1.2 us at 1 and at 128 tokens (2 x H200, perf notes).
   if (blockIdx.x == 0)
     rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x, start_relaxed != 0);
   if (blockIdx.x == gridDim.x - 1)
@@ -105,7 +108,7 @@ extern "C" int symm_combine_pull(const SymmLayout* layout, const uint64_t* peers
     return SYMM_EINVAL;
   if (num_tokens > 0 && !y) return SYMM_EINVAL;
   if (!symm_host::aligned16(y) || !symm_host::aligned16(topk_w) || !symm_host::aligned16(peers)) return SYMM_EALIGN;
-  static const int start_relaxed = symm_host::env_int("SYMM_COMBINE_START_RELAXED", 0) > 0 ? 1 : 0;
+  static const int start_relaxed = symm_host::env_int("SYMM_COMBINE_START_RELAXED", 1) > 0 ? 1 : 0;
   return symm_host::launch_coop(symm_combine_pull_kernel, kThreads, 0, num_sms, stream, L, peers, topk_w,
                                 static_cast<uint16_t*>(y), num_tokens, host_err, (uint64_t)timeout_ns, start_relaxed);
 }

@@ -279,9 +279,10 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
 // with (owner, row) from cmb_map (written by the owners in the dispatch). No combine buffer, no per-token
 // counters, no second pass: the local rows and the reduction overlap the remote reads, and a token's
 // rows are read once. Same FP32 arithmetic and order as combine_reduce_item (the results are identical).
-// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (red.release.sys.max)
-// only from inside its combine kernel, i.e. after every earlier kernel on its
-// stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
+// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (red.relaxed.sys.max
+// by default: the kernel boundary, not a release, publishes the earlier kernels' writes; a fused kernel
+// that writes cmb_in itself must use the release) only from inside its combine kernel, i.e. after every
+// earlier kernel on its stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
 // acquires (ld.acquire.sys) that signal of EVERY rank before its first cmb_map / cmb_in load (bar.sync
 // after the acquiring threads), so it sees both. WAR: the owner's producer rewrites cmb_in only after its
 // next dispatch passed the one-hop barrier, which needs this rank's arrival, i.e. after our combine ended.

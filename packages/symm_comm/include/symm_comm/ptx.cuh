@@ -79,7 +79,7 @@ SYMM_DEV void red_max_release_sys_u64(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 // The same without the release (no MEMBAR.SYS): for a signal that publishes only earlier kernels' writes
-// (the pull combine's start signal under SYMM_COMBINE_START_RELAXED, a measurement knob).
+// (the pull combine's start signal: csrc/combine.cu says why relaxed is enough there).
 SYMM_DEV void red_max_relaxed_sys_u64(uint64_t* p, uint64_t v) {
   asm volatile("red.relaxed.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
