@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
       __syncthreads();
       if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push calls only)
-      // Completion: this CTA's stores (every thread fence.acq_rel.sys, bar.sync, red.release.sys per
+      // Completion: this CTA's stores (bar.sync, then red.release.sys per
       // rank) -> every rank's signal row SYMM_SIG_DISPATCH_DONE. Only CTA 0 then waits (ld.acquire.sys,
       // time limit, phase DISPATCH_PUSH_DONE) until every CTA of every source finished storing into
       // this rank; the other CTAs arrive and go on to exit (push v2). Contract: the kernel completes

@@ -355,7 +355,7 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
 
 // Phase A, every kind: thread r < R of CTA 0 stores this call's num_tokens into rank r's
 // meta_all[parity][E][rank] (plain store). Ordered before r's read (decide_push) by the one-hop
-// barrier: this thread's fence.acq_rel.sys, bar.sync, the CTA's red.release.sys arrival, acquired by
+// barrier: bar.sync, then the CTA's red.release.sys arrival (cumulative: barrier.cuh), acquired by
 // r's thread (this rank) with ld.acquire.sys. WAR on the parity half: as meta_all's counts (call e + 2
 // of this rank writes it only after r passed call e + 1's barrier, i.e. finished call e).
 __device__ __forceinline__ void publish_num_tokens(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a) {
@@ -471,7 +471,7 @@ __device__ __forceinline__ void clear_push_hist(const Stagers& st, const SymmLay
 // Phase B of push mode, all threads of the grid (i = W.gthread()): the final combine bucket sizes of
 // (this source, chunk c) into every owner's cmb_hist[rank][c] (one writer per (source, chunk) bucket
 // at each owner; an owner that overflows gets 0, as its pull would). Plain stores: the owner reads them
-// in a later kernel, ordered by the completion barrier (fence.acq_rel.sys + red.release.sys here,
+// in a later kernel, ordered by the completion barrier (bar.sync + red.release.sys here,
 // ld.acquire.sys there). WAR: the owner zeroed cmb_hist in its phase A and its previous combine (the
 // last reader) ended before its dispatch started, both before its one-hop barrier arrival we acquired.
 __device__ __forceinline__ void push_bucket_counts(const Workers& W, const SymmLayout& L, const uint64_t* peers,

@@ -320,7 +320,7 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
 //      lanes in id order); run[e] += their number; slots stored into the owner rank (peer stores).
 // L2 traffic: 2 x N ids + 3 x G x E ints (~0.9 MB at T 4096, E 256, G 132) instead of 2 x E x N ids.
 // Peer stores (meta_slots, meta_count) are ordered before the owner's reads by the dispatch's one-hop
-// cross-rank barrier (every thread's fence.acq_rel.sys there), as in the other variants.
+// cross-rank barrier (bar.sync + the CTA's red.release.sys arrival there), as in the other variants.
 constexpr int kMetaWalkBatch = 8;  // ids loaded per lane per batch: 256 per warp = one group's range at T 4096
 
 // Walks flat ids [beg, end) in order, 32 consecutive ids per step (lane l = id base + l). For each valid
