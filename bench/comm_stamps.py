@@ -53,7 +53,10 @@ def _worker(rank, world, port, tokens):
                 buf.combine(eo, st[i])
             return f
 
-        fns = [g for i in range(4) for g in (d(i), c(i))]
+        # STAMPS_NO_COMBINE=1: dispatches only, back to back (the combine stamps are then stale): does the
+        # dispatch run faster when no other kernel ran on the SMs in between (instruction cache warm)?
+        no_c = os.environ.get("STAMPS_NO_COMBINE", "0") == "1"
+        fns = [d(i) for i in range(4)] if no_c else [g for i in range(4) for g in (d(i), c(i))]
         dist.barrier()
         tt = time_cuda_sequence(fns, warmup=3, reps=10)
         torch.cuda.synchronize()
@@ -67,8 +70,8 @@ def _worker(rank, world, port, tokens):
         m = s[11]
         kind = {0: "pull-kernel", 1: "push-kernel", 2: "auto-kernel"}.get((m >> 4) & 0xF, "?")
         rel += f" mode={'push' if m & 1 else 'pull'}({kind})" if m & 0x100 else " mode=?"
-        dt = sorted(t for rep in tt for t in rep[0::2])
-        ct = sorted(t for rep in tt for t in rep[1::2])
+        dt = sorted(t for rep in tt for t in (rep if no_c else rep[0::2]))
+        ct = sorted(t for rep in tt for t in (rep[:1] if no_c else rep[1::2]))
         print(f"rank {rank} T={T}: {rel} | in-kernel d {(s[5] - s[0]) / 1e3:.1f} c {(s[9] - s[6]) / 1e3:.1f} "
               f"gap d->c {(s[6] - s[5]) / 1e3:.1f} | events median d {dt[len(dt) // 2] * 1e6:.1f} "
               f"c {ct[len(ct) // 2] * 1e6:.1f} us", flush=True)
