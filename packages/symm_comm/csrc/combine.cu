@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This kernel has written nothing the readers need before the signal, and the earlier kernels' writes
   // (cmb_in's producer, the dispatch's cmb_map peer stores) are complete at the kernel boundary (a grid
   // ends after its stores are acknowledged; peers read this GPU's memory through its L2). Not justified by
-  // the PTX model, which has no kernel boundary; a fused kernel must release instead. Why: the release's
+  // the PTX model, which has no kernel boundary; a fused kernel, or a launch with programmatic dependent
+  // launch (which may start before the previous kernel ends), must release instead. Why: the release's
   // MEMBAR.SYS in CTA 0 sits on the handshake's path: -1.2 us at 1 and at 128 tokens (2 x H200, perf notes).
   if (blockIdx.x == 0)
     rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x, start_relaxed != 0);
