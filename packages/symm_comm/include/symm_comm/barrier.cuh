@@ -62,8 +62,11 @@ __device__ __forceinline__ void rank_signal_max(const uint64_t* peers, const Sym
 
 // Thread `r` (r < num_ranks) of EVERY group waits until rank r's word for us is >= want.
 // Returns false on timeout (error reported, what = r, detail = the word >> detail_shift).
+// seen (optional): the word the successful acquire observed (callers that inspect it need no second
+// load: one dependent round trip fewer).
 __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout& L, int op, uint64_t want, int r,
-                                          uint64_t deadline, const ErrSink& err, int phase, int detail_shift = 0) {
+                                          uint64_t deadline, const ErrSink& err, int phase, int detail_shift = 0,
+                                          uint64_t* seen = nullptr) {
   if (r >= L.num_ranks) return true;
   const uint64_t* sig = signals(local_base, L, op) + r;
   uint64_t v;
@@ -74,6 +77,7 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
       return false;
     }
   }
+  if (seen) *seen = v;
   return true;
 }
 
