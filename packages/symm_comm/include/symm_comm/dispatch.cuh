@@ -60,6 +60,19 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
                                              const DispatchArgs& a, const ErrSink& err) {
   const int64_t T = a.num_tokens, H = L.hidden, K = L.topk, S = L.scale_cols;
   const int64_t gt = st.gt, nt = st.nt;
+  // Who does what: x takes the stager threads from the start; the token masks, then the weights, then
+  // the scales take them from the END (index nt - 1 - gt, shifted by the work before them). Why: with
+  // every source starting at thread 0, the first threads (CTA 0's, which then also run the small-T
+  // metadata) ran the x copy, the scale copy, the weight copy and the id loads one after the other:
+  // four dependent round trips, ~2.8 us of CTA 0's phase A at 1 and at 128 tokens (stamps, 2 x H200).
+  // Now a small call gives a thread at most one of them. Any shift is a bijection on [0, nt).
+  // PULL kernel only (!kHist): the AUTO kernel sits at its register limit (this spilled 4 bytes there).
+  constexpr bool kSpread = !kHist;
+  // 32-bit: nt (threads of the grid) and the shifts (< T * (K + S + 1)) fit.
+  auto from_end = [&](int64_t shift) -> int64_t {
+    const int n = (int)nt, v = n - 1 - (int)gt - (int)(shift % n);
+    return v < 0 ? v + n : v;
+  };
   if constexpr (kCopy) {
     float* sw = stage_w(local, L, a.parity);
     // x, scales, weights through ONE inlined copy loop (pool.cuh "Code size"); a source already in
@@ -69,7 +82,8 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
       void* dst = j == 0 ? (void*)stage_x(local, L, a.parity) : j == 1 ? (void*)stage_s(local, L, a.parity) : (void*)sw;
       const void* src = j == 0 ? a.x : j == 1 ? (const void*)a.scales : (const void*)a.topk_w;
       const int64_t bytes = j == 0 ? T * H : j == 1 ? T * S * 4 : T * K * 4;
-      if (src && src != dst) grid_copy_bytes(dst, src, bytes, gt, nt);
+      const int64_t tid = (j == 0 || !kSpread) ? gt : from_end(j == 2 ? T : T + (T * K * 4 + 15) / 16);
+      if (src && src != dst) grid_copy_bytes(dst, src, bytes, tid, nt);
     }
     if (!a.topk_w) {
 #pragma unroll 1
@@ -85,7 +99,7 @@ __device__ __forceinline__ void stage_inputs(const Stagers& st, const SymmLayout
   // phase B; -1 first, so a row no owner wrote (an error reported in this call) is never read. Ordered
   // before the owners' stores by the one-hop barrier (our arrival is cumulative over these stores).
   int32_t* cmap = L.cmb_in_rows > 0 ? cmb_map(local, L) : nullptr;
-  for (int64_t t = gt; t < T; t += nt) {
+  for (int64_t t = kSpread ? nt - 1 - gt : gt; t < T; t += nt) {  // kSpread: from the grid's end (above)
     uint32_t m = 0;
     for (int k0 = 0; k0 < K; k0 += kIdxBatch) {
       int64_t e[kIdxBatch];
