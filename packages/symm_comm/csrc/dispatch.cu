@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
   // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
   // bit 1: every thread fences before the one-hop barrier's arrival (SYMM_BARRIER_FENCE=1, A/B knob);
-  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE).
+  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE); bit 3: SYMM_META_SPREAD=0.
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // PULL: staging copy + kmask; PUSH: kmask + bucket sizes, no copy; AUTO: all of it (T < threshold)
     stage_inputs<IdxT, kKind != SYMM_KIND_PUSH, kKind != SYMM_KIND_PULL>(sg, L, local, a, err);
   }
-  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err);  // smem: free until the tables (after the barrier)
+  // smem: free until the tables (after the barrier); bit 3: SYMM_META_SPREAD=0 (metadata.cuh)
+  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err, (pull_dynamic & 8) == 0);
   else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
 
   // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
@@ -251,8 +252,10 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // grid's last warps.
   static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? 1 : 0;
   static const int all_fence = symm_host::env_int("SYMM_BARRIER_FENCE", 0) > 0 ? 1 : 0;
-  static const int pull_dynamic =
-      (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (all_fence << 1) | (pad_late << 2);
+  // SYMM_META_SPREAD=0 (bit 3, A/B): the small-T metadata's experts on the first CTAs' warps (metadata.cuh).
+  static const int meta_packed = symm_host::env_int("SYMM_META_SPREAD", 1) > 0 ? 0 : 8;
+  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (all_fence << 1) |
+                                  (pad_late << 2) | meta_packed;
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =

@@ -259,12 +259,20 @@ constexpr int64_t kMetaWarpMaxIds = 2048;
 // With small_dedup: the owners' plain pull kernel (which ignores the fan-out) runs up to this many ids
 // of their own (csrc/dispatch.cu), and sources with no more ids than this send plain ids.
 constexpr int64_t kPlainPullMaxIds = 256;
+// spread (default; SYMM_META_SPREAD=0 for A/B): experts go to warps CTA-major (expert e -> group
+// e % ngroups, warp e / ngroups), 1-2 per SM at 256 experts on 132 CTAs, instead of 16 per CTA in the
+// first 16 CTAs. Why: all 16 warps of a metadata CTA scan every id in lock step, so that SM's issue
+// slots, not one warp's latency, set the scan's ~4.5 us at 128 tokens (the scan did not shrink with
+// 4 ids per lane, a warm instruction cache or local stores: perf notes).
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                                   const DispatchArgs& a, int32_t* ids, const ErrSink& err) {
+                                                   const DispatchArgs& a, int32_t* ids, const ErrSink& err,
+                                                   bool spread = true) {
   const int N = a.num_tokens * L.topk;  // <= kMetaWarpMaxIds
   const int E = L.num_experts, Lx = L.num_local_experts;
-  if ((int64_t)W.group * W.nwarps >= E) return;  // group-uniform: no expert here (first one: gwarp 0)
+  // This warp's first expert; group-uniform exit when the group has none.
+  const int64_t first = spread ? (int64_t)W.warp * W.ngroups + W.group : W.gwarp();
+  if (spread ? W.group >= E : (int64_t)W.group * W.nwarps >= E) return;
 #pragma unroll 4
   for (int i = W.tid(); i < N; i += W.nthreads()) {
     const int64_t e = load_idx<IdxT>(a.topk_idx, i);
@@ -275,7 +283,7 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   const int K = L.topk;
   const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0 && N > kPlainPullMaxIds;
   const LaneTokens lt_tok(K, W.lane);  // used when dedup (K divides 32)
-  for (int64_t ew = W.gwarp(); ew < E; ew += W.total_warps()) {
+  for (int64_t ew = first; ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
     int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
