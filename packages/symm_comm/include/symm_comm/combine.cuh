@@ -294,7 +294,8 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
 __device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayout& L, uint64_t epoch, int r,
                                                   uint64_t deadline, const ErrSink& err) {
   if (r >= L.num_ranks) return true;
-  // The mode check uses the word the wait observed (no second load: ~0.6 us off every CTA's start). The
+  // The mode check uses the word the wait observed (no second load; measured: handshake 1.1-1.3 -> 0.8-0.9
+  // us at 128 tokens, 2 x H200). The
   // same answer as a later read: a pull call of this epoch only ever writes epoch * 4 + 1 or + 3 (pull bit
   // set), a push call epoch * 4 + 0 or + 2, and a later epoch's word fails the (v >> 2) == epoch test.
   uint64_t v = 0;
