@@ -33,13 +33,19 @@ constexpr int64_t kMaxPushSmem = 160 * 1024;  // pool + push tables; beyond it t
 // layout v7), chosen by the host when this rank's T * K > kMetaWarpMaxIds (> symm::kPlainPullMaxIds with
 // SYMM_SMALL_DEDUP (default) and K dividing 32: its sources then likely send fanned-out leaders); false = the plain pull (decodes any entry, one pool row per read). Either kernel
 // is correct whatever the sources sent; the choice only moves time.
+// The dispatch kernel's run-time switches (one int, bits): each names its environment knob.
+enum DispatchKnob : int {
+  kKnobDynamic = 1,      // SYMM_PULL_DYNAMIC (default on): pull rows (and push items) from a work counter
+  kKnobAllFence = 2,     // SYMM_BARRIER_FENCE=1 (A/B): every thread fences before the one-hop barrier's arrival
+  kKnobPadLate = 4,      // SYMM_PAD_LATE (default on): the pull's padding on the grid's last warps
+  kKnobMetaPacked = 8,   // SYMM_META_SPREAD=0 (A/B): the small-T metadata's experts on the first CTAs' warps
+};
 template <typename IdxT, int kKind, bool kDedup = kKind != SYMM_KIND_PUSH>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
-                         uint64_t timeout_ns, int onepass, int pull_dynamic, int32_t push_min_tokens) {
-  // pull_dynamic bit 0 also selects the dynamic distribution of the push items (same counter word);
-  // bit 1: every thread fences before the one-hop barrier's arrival (SYMM_BARRIER_FENCE=1, A/B knob);
-  // bit 2: the pull's padding on the grid's last warps (SYMM_PAD_LATE); bit 3: SYMM_META_SPREAD=0.
+                         uint64_t timeout_ns, int onepass, int knobs, int32_t push_min_tokens) {
+  // knobs: DispatchKnob bits (kKnobDynamic also selects the dynamic distribution of the push items: same
+  // counter word).
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
@@ -77,14 +83,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     stage_inputs<IdxT, kKind != SYMM_KIND_PUSH, kKind != SYMM_KIND_PULL>(sg, L, local, a, err);
   }
   // smem: free until the tables (after the barrier); bit 3: SYMM_META_SPREAD=0 (metadata.cuh)
-  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err, (pull_dynamic & 8) == 0);
+  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err, (knobs & kKnobMetaPacked) == 0);
   else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
 
   // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
   // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
   __syncthreads();  // stamp 1 = CTA 0's whole phase A (metadata warp and stagers)
   if (st0) stamp(local, L, 1);
-  const bool all_fence = (pull_dynamic & 2) != 0;
+  const bool all_fence = (knobs & kKnobAllFence) != 0;
   if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
                                SYMM_PHASE_DISPATCH_RANKS, meta_ok, true, all_fence)) {
     if (st0) stamp(local, L, 2);
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (st0) stamp(local, L, 3);
       push_bucket_counts(W, L, s_peers, local, pt, a.parity);
-      push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
+      push_rows<kPushUnroll, IdxT>(W, L, s_peers, local, a, pt, (knobs & kKnobDynamic) ? pull_counter(local, L, a.parity) : nullptr);
       __syncthreads();
       if (st0) stamp(local, L, 10);  // CTA 0 finished storing (stamp 10: push calls only)
       // Completion: this CTA's stores (bar.sync, then red.release.sys per
@@ -135,10 +141,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         // call those warps hold no pull item (the items sit on CTAs 0-63 at 128 tokens, and padding
         // the used blocks cost the first CTAs ~3 us before their pull, per-CTA stamps; measured
         // 2026-11-30: 1 token 21.95 -> 19.62 us). Any warp order is correct.
-        pad_blocks(W, L, local, t, false, false, (pull_dynamic & 4) != 0);
+        pad_blocks(W, L, local, t, false, false, (knobs & kKnobPadLate) != 0);
         if (st0) stamp(local, L, 3);
         pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
-                               (pull_dynamic & 1) ? pull_counter(local, L, a.parity) : nullptr);
+                               (knobs & kKnobDynamic) ? pull_counter(local, L, a.parity) : nullptr);
       }
     }
   }
@@ -250,12 +256,11 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // (SYMM_SPREAD, the static distributions warp-major over the CTAs, measured slower: 35.46 vs
   // 34.96 us at 128 tokens; removed.) SYMM_PAD_LATE (default 1; 0 for A/B): the pull's padding on the
   // grid's last warps.
-  static const int pad_late = symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? 1 : 0;
-  static const int all_fence = symm_host::env_int("SYMM_BARRIER_FENCE", 0) > 0 ? 1 : 0;
-  // SYMM_META_SPREAD=0 (bit 3, A/B): the small-T metadata's experts on the first CTAs' warps (metadata.cuh).
-  static const int meta_packed = symm_host::env_int("SYMM_META_SPREAD", 1) > 0 ? 0 : 8;
-  static const int pull_dynamic = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? 1 : 0) | (all_fence << 1) |
-                                  (pad_late << 2) | meta_packed;
+  // SYMM_BARRIER_FENCE=1 and SYMM_META_SPREAD=0: A/B knobs (DispatchKnob).
+  static const int knobs = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? kKnobDynamic : 0) |
+                           (symm_host::env_int("SYMM_BARRIER_FENCE", 0) > 0 ? kKnobAllFence : 0) |
+                           (symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? kKnobPadLate : 0) |
+                           (symm_host::env_int("SYMM_META_SPREAD", 1) > 0 ? 0 : kKnobMetaPacked);
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =
@@ -273,7 +278,7 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
              : plain                  ? symm_dispatch_kernel<int32_t, SYMM_KIND_PULL, false>
                                       : symm_dispatch_kernel<int32_t, SYMM_KIND_PULL>;
   return symm_host::launch_coop(kernel, kThreads, smem, num_sms, stream, L, peers, a, host_err, (uint64_t)timeout_ns,
-                                onepass, pull_dynamic, min_tokens);
+                                onepass, knobs, min_tokens);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

@@ -331,10 +331,11 @@ __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L,
       if (bslot < L.combine_chunk * K) cmb_bucket(local, L, s, tok / L.combine_chunk)[bslot] = drow;
       // Pull combine (layout v8): tell the source where its (token, k) row lands here. A plain peer
       // store, read by the source's NEXT combine: it completes with this kernel (stream order on this
-      // rank), before this rank's combine signals its start (red.release.sys.max), which the source's
-      // pull combine acquires before reading cmb_map. ASSUMPTION (not stated by the PTX memory model,
-      // which has no kernel boundary; true of the hardware: a grid completes only after its stores are
-      // acknowledged): the later kernel's release covers this kernel's peer stores. Everywhere else the
+      // rank), before this rank's combine signals its start (red.max: relaxed by default, release with
+      // SYMM_COMBINE_START_RELAXED=0), which the source's pull combine acquires before reading cmb_map.
+      // ASSUMPTION (not stated by the PTX memory model, which has no kernel boundary; true of the
+      // hardware: a grid completes only after its stores are acknowledged): the kernel boundary, not the
+      // later kernel's signal, publishes this kernel's peer stores. Everywhere else the
       // library publishes peer stores with an in-kernel fence + release. Known gap: with two dispatches
       // and no combine between, a late store of the first can land after the source's -1 of the
       // second; only a (t, k) the second did not place (a reported error) could then read a stale row.
