@@ -307,7 +307,9 @@ def _run(rank, R, args):
         # floors at this size: the link's time for the bytes each op moves across it (dispatch: the
         # distinct rows read; combine: every remote row written back)
         floor_read, _ = peer_copy_floor_us(buf, statistics.mean(link_rows) * (H + 4 * S + 4))
-        _, floor_write = peer_copy_floor_us(buf, statistics.mean(remote_rows) * H * 2)
+        # (the combine's bytes both ways: the pull combine READS them; a bare one-launch read copy is the
+        # floor of its data phase, the write copy that of a write-based one)
+        floor_read_combine, floor_write = peer_copy_floor_us(buf, statistics.mean(remote_rows) * H * 2)
         rows_out.append({
             "tokens": T, "symm_dispatch_us": med(d_times) * 1e6, "symm_combine_us": med(c_times) * 1e6,
             "symm_dispatch_host_us": d_host * 1e6, "symm_combine_host_us": c_host * 1e6,
@@ -319,7 +321,7 @@ def _run(rank, R, args):
             "remote_rows": statistics.mean(remote_rows), "dispatch_bytes": statistics.mean(remote_rows) * (H + 4 * S + 4),
             "combine_bytes": statistics.mean(remote_rows) * H * 2, "max_remote_rows": rr,
             "link_bytes": statistics.mean(link_rows) * (H + 4 * S + 4),
-            "floor_read_us": floor_read, "floor_write_us": floor_write,
+            "floor_read_us": floor_read, "floor_write_us": floor_write, "floor_read_combine_us": floor_read_combine,
         })
     buf.destroy()
     return {"rows": rows_out, "peer_read_Bps": read_bw, "peer_write_Bps": write_bw}
@@ -372,7 +374,8 @@ def main():
         row = {"tokens": T}
         for k in ("symm_dispatch_us", "symm_combine_us", "symm_dispatch_host_us", "symm_combine_host_us",
                   "symm_pair_seq_us", "symm_dispatch_seq_us", "symm_dispatch_kernel_us", "symm_combine_kernel_us",
-                  "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us", "floor_read_us", "floor_write_us"):
+                  "symm_combine_seq_us", "nccl_dispatch_us", "nccl_combine_us", "floor_read_us", "floor_write_us",
+                  "floor_read_combine_us"):
             row[k] = max(p[k] for p in per)
         db = max(p["dispatch_bytes"] for p in per)
         cb = max(p["combine_bytes"] for p in per)
@@ -398,7 +401,8 @@ def main():
             "symm_dispatch_host_us", "symm_combine_host_us", "symm_pair_seq_us", "symm_dispatch_seq_us",
             "symm_combine_seq_us", "symm_dispatch_kernel_us", "symm_combine_kernel_us", "dispatch_MB", "dispatch_GBps", "combine_GBps",
             "dispatch_pct_peer", "combine_pct_peer", "dispatch_link_MB", "dispatch_link_pct_peer",
-            "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us"]
+            "speedup_dispatch_vs_nccl", "speedup_combine_vs_nccl", "floor_read_us", "floor_write_us",
+            "floor_read_combine_us"]
     lay = ("" if args.layout == "contiguous" else f"-{args.layout}") + ("-pull" if args.combine == "pull" else "")
     write_results(f"comm-{args.backend}-ep{world}{lay}", head, rows, cols)
 
