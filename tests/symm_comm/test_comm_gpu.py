@@ -98,8 +98,8 @@ def test_comm_oversubscribed(world, monkeypatch):
     if NG < 2:
         pytest.skip("needs two or more CUDA GPUs")
     monkeypatch.setenv("SYMM_TEST_CALLS", "40")
-    _run_scenarios(world, "torch", ["basic", "zero_tokens", "one_expert", "bad_expert", "few_sms", "many_calls",
-                                    "pool_overflow", "timeout"])
+    _run_scenarios(world, "torch", ["basic", "zero_tokens", "one_expert", "bad_expert", "few_sms", "cupy", "large",
+                                    "cuda_graph", "many_calls", "pool_overflow", "timeout"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
