@@ -94,13 +94,17 @@ class _IpcBackend:
                     self.peer_ptrs.append(p)
 
     def close(self):
+        """Collective (Buffer.destroy on every rank): no rank frees its buffer while a peer's kernel may
+        still read or write it, nor before every peer closed its mapping of it."""
         import cupy
         torch.cuda.synchronize()
+        dist.barrier()
         with cupy.cuda.Device(self._dev):
             for p in self._opened:
                 cupy.cuda.runtime.ipcCloseMemHandle(p)
             self._opened = []
             self.tensor = None
+            dist.barrier()
             if self._ptr:
                 cupy.cuda.runtime.free(self._ptr)
                 self._ptr = 0

@@ -90,9 +90,10 @@ def test_comm_auto_mode(world, monkeypatch):
 @pytest.mark.parametrize("world", [4, 8])
 def test_comm_oversubscribed(world, monkeypatch):
     """4 and 8 ranks on the GPUs there are (rank r on GPU r % #GPUs; comm_worker.oversubscribed): the
-    protocol with 3 and 7 peers, exact rows, counts and combines, both dispatch kinds and the pull
-    combine, torch backend. An emulation for machines with fewer GPUs than ranks (time-sliced, slow),
-    not the 4- / 8-GPU run: it runs only with SYMM_TEST_OVERSUB=1."""
+    protocol with 3 and 7 peers, exact rows, counts, push and pull combines. The buffers are mapped
+    through CUDA IPC (torch symmetric memory and NVSHMEM want one rank per GPU), the dispatch kind is the
+    environment's (SYMM_DISPATCH_PUSH=1 / 2 run the push / auto kinds). An emulation for machines with
+    fewer GPUs than ranks (time-sliced, slow), not the 4- / 8-GPU run: only with SYMM_TEST_OVERSUB=1."""
     if os.environ.get("SYMM_TEST_OVERSUB") != "1":
         pytest.skip("set SYMM_TEST_OVERSUB=1 (4 / 8 ranks time-sliced on fewer GPUs)")
     if NG < 2:
