@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // (either mode: a pull call c - 1 read no combine half; its last CTA signals "zeroed" once it zeroed)
   const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false, true), threadIdx.x,
-                                 deadline, err, SYMM_PHASE_COMBINE_RANKS, /*detail = epochs*/ 2);
+                                 deadline, err, SYMM_PHASE_COMBINE_RANKS,
+                                 /*detail = epochs*/ kCombineSignalEpochShift);
   // WAR guard (above): every thread's peer stores in combine_run come after this bar.sync, which
   // follows thread r's ld.acquire.sys of rank r's signal.
   const bool go = __syncthreads_and(started);

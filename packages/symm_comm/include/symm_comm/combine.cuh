@@ -296,14 +296,14 @@ __device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayo
   if (r >= L.num_ranks) return true;
   // The mode check uses the word the wait observed (no second load; measured: handshake 1.1-1.3 -> 0.8-0.9
   // us at 128 tokens, 2 x H200). The same answer as a later read: a pull call of this epoch only ever
-  // writes epoch * 4 + 1 or + 3 (pull bit set), a push call epoch * 4 + 0 or + 2, and a later epoch's
-  // word fails the (v >> 2) == epoch test.
+  // writes words with the pull bit set, a push call words without it, and a later epoch's word fails
+  // the epoch test.
   uint64_t v = 0;
   if (!rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch, false, false), r, deadline, err,
-                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ 2, &v))
+                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ kCombineSignalEpochShift, &v))
     return false;
-  if ((v >> 2) == epoch && !(v & 1)) {
-    report_error(err, SYMM_ERR_COMBINE_MODE, SYMM_PHASE_COMBINE_PULL, r, (int32_t)(v & 1));
+  if (combine_signal_epoch(v) == epoch && !combine_signal_pull(v)) {
+    report_error(err, SYMM_ERR_COMBINE_MODE, SYMM_PHASE_COMBINE_PULL, r, (int32_t)combine_signal_pull(v));
     return false;
   }
   return true;

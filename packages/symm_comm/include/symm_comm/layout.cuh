@@ -355,9 +355,15 @@ __host__ __device__ __forceinline__ uint16_t* cmb_in_row(uint64_t base, const Sy
 // its start and the last CTA zeroes, then signals again, both with red.max; pull calls do not wait for
 // it). A push call c waits for >= combine_signal(c - 1, *, zeroed) (started c - 1 and zeroed); a pull
 // call c waits for >= c * 4 and checks the pull bit (every rank pulls in the same call).
+constexpr int kCombineSignalEpochShift = 2;  // combine_signal(e, *, *) >> kCombineSignalEpochShift == e
 __host__ __device__ __forceinline__ uint64_t combine_signal(uint64_t epoch, bool pull, bool zeroed) {
-  return epoch * 4 + (zeroed ? 2 : 0) + (pull ? 1 : 0);
+  return (epoch << kCombineSignalEpochShift) + (zeroed ? 2 : 0) + (pull ? 1 : 0);
 }
+// The fields of a combine signal word (the waiters' decoding of combine_signal).
+__host__ __device__ __forceinline__ uint64_t combine_signal_epoch(uint64_t word) {
+  return word >> kCombineSignalEpochShift;
+}
+__host__ __device__ __forceinline__ bool combine_signal_pull(uint64_t word) { return (word & 1) != 0; }
 // cmb_arr[parity][token]
 __host__ __device__ __forceinline__ uint32_t* cmb_arr(uint64_t base, const SymmLayout& L, int parity) {
   return at<uint32_t>(base, L.off_cmb_arr + parity * L.cmb_arr_half);
