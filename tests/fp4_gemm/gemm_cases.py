@@ -86,7 +86,7 @@ def gemm_error_bound(xq, xs, tw, row_groups):
     return absum * 2.0 ** -11
 
 
-def l1_reference(xq, xs, tw, row_groups, topk_w, clamp=float("inf"), pow2=False, gran=64, with_bound=False):
+def l1_reference(xq, xs, tw, row_groups, topk_w, clamp=float("inf"), pow2=False, gran=128, with_bound=False):
     """DESIGN section 1's L1 recipe on the float64 GEMM (same operations as megamoe.reference):
     gate/up -> BF16 -> clamp -> silu(gate) * up * topk_w in FP32 -> E4M3 + scale per `gran`.
 

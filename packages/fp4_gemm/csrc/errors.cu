@@ -11,4 +11,4 @@ extern "C" const char* fp4g_error_string(int code) {
   }
 }
 
-extern "C" int fp4g_abi_version(void) { return 1; }
+extern "C" int fp4g_abi_version(void) { return 2; }  // 2: group_counts in the GEMMs, L1 scales per 128

@@ -48,10 +48,11 @@ struct GemmArgs {
 };
 
 enum class Epilogue { kBF16, kL1 };
-// Named barriers: 0 = __syncthreads, kL1AmaxBarrier (1) = the L1 epilogue's, 2 + wg = the staged
-// BF16 store of math warpgroup wg.
+// Named barriers (the kernel's one list): 0 = __syncthreads; 1 = the L1 epilogue's (all 256 math
+// threads, epilogue.cuh store_l1_pair); 2 + wg = the staged BF16 store of math warpgroup wg.
+constexpr uint32_t kL1Barrier = 1;
 constexpr uint32_t kStoreBarrier0 = 2;
-static_assert(kStoreBarrier0 > kL1AmaxBarrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
+static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
 
 template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
@@ -77,7 +78,8 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   }
 
   using Regs = RegisterSplit<Cfg::kCtasPerSm>;
-  GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN> sched(args.pb);
+  static_assert(Cfg::kL1 == (kEpi == Epilogue::kL1), "the L1 epilogue's storage and tile pairs");
+  GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN> sched(args.pb);
   Tile t;
   uint32_t iter = 0;
   // No role returns from here on: a timeout ends the role's loop, and every thread reaches the
@@ -87,8 +89,10 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
     if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
     const uint32_t cta_rank = Cfg::kMulticast ? ptx::cluster_ctarank() : 0u;
-    while (sched.next(t))
-      if (!produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err, cta_rank)) break;
+    bool ok = true;
+    while (ok && sched.next(t))
+      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
+        ok = produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err, cta_rank);
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
@@ -103,18 +107,21 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
           store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);
         }
       } else {
-        store_l1_fp8<Cfg::kBlockN>(acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg,
-                                   sm.epilogue(), tiles & 1);
+        store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
+            acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(),
+            sm.l1_scales(), sm.stash(), sm.store_tile(0), kL1Barrier);
       }
     };
     if constexpr (Cfg::kPath == WeightPath::kRegs) {
-      mma_stream_regs<Cfg, WL::kBlockRows>(sm, args.pb, args.w, sched, wg, tid_in_wg, args.err, epilogue);
+      mma_stream_regs<Cfg>(sm, args.pb, args.w, sched, wg, tid_in_wg, args.err, epilogue);
     } else {
       float acc[Cfg::kAccRegs];
-      for (uint32_t tiles = 0; sched.next(t); ++tiles) {
-        if (!mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err)) break;
-        epilogue(t, acc, tiles);
-      }
+      bool ok = true;
+      while (ok && sched.next(t))
+        for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
+          ok = mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err);
+          if (ok) epilogue(t, acc, 0);
+        }
     }
   }
   if constexpr (Cfg::kMulticast) {
@@ -199,6 +206,9 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   if (num_groups == 0 || rows == 0) return FP4G_OK;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(a.w.packed)) % 16) return FP4G_EALIGN;
   if (kEpi == Epilogue::kBF16 && reinterpret_cast<uintptr_t>(a.out) % 16) return FP4G_EALIGN;  // 16-byte row stores
+  // L1: tile pairs cover 128-channel scale groups; 16-byte stores of 128-channel row pieces.
+  if (kEpi == Epilogue::kL1 && (n % (2 * kL1ScaleGroup) || reinterpret_cast<uintptr_t>(a.l1.out_q) % 16))
+    return n % (2 * kL1ScaleGroup) ? FP4G_EINVAL : FP4G_EALIGN;
   if (num_sms <= 0) {
     int dev = 0;
     cudaGetDevice(&dev);
@@ -214,20 +224,22 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   // Few tokens: the loop is short and latency-bound, so two CTAs per SM run two decode chains and
   // keep more weight bytes in flight. Many tokens: weights go straight to registers (kRegs).
   using P = WeightPath;
+  constexpr bool kL1 = kEpi == Epilogue::kL1;
   switch (block_n) {
-    case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2>, kEpi>(a, x, num_sms, stream);
-    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2>, kEpi>(a, x, num_sms, stream);
-    case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1>, kEpi>(a, x, num_sms, stream);
-    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1>, kEpi>(a, x, num_sms, stream);
-    case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1, kTokenMulticast128>, kEpi>(a, x, num_sms, stream);
+    case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
+    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
+    case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
+    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
+    case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1, kTokenMulticast128, kL1>, kEpi>(a, x, num_sms, stream);
     default: return FP4G_EUNSUPPORTED;
   }
 }
 
 GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row_scale, const int* group_sizes,
-                   int layout, int* err) {
+                   const int* group_counts, int layout, int* err) {
   GemmArgs a{};
   a.pb.group_offsets = layout == int(GroupLayout::kContiguous) ? group_sizes : nullptr;
+  a.pb.group_counts = layout == int(GroupLayout::kContiguous) ? group_counts : nullptr;
   a.pb.masked_m = layout == int(GroupLayout::kMasked) ? group_sizes : nullptr;
   a.w = WeightOperand{static_cast<const uint8_t*>(w_packed), row_scale};
   a.x.scales = x_scales;
@@ -239,23 +251,24 @@ GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row
 }  // namespace fp4_gemm
 
 extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
-                                      const float* row_scale, const int* group_sizes, void* out,
+                                      const float* row_scale, const int* group_sizes, const int* group_counts, void* out,
                                       int layout, int num_groups, int64_t rows, int max_m, int n, int k,
                                       int block_n, int num_sms, int* err, cudaStream_t stream) {
   using namespace fp4_gemm;
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, layout, err);
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err);
   a.out = static_cast<__nv_bfloat16*>(out);
   return run_grouped_gemm<Epilogue::kBF16>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }
 
 extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const void* w_packed,
-                                    const float* row_scale, const int* group_sizes, const float* topk_w,
+                                    const float* row_scale, const int* group_sizes, const int* group_counts,
+                                    const float* topk_w,
                                     void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
                                     int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
                                     int* err, cudaStream_t stream) {
   using namespace fp4_gemm;
   if (!(activation_clamp >= 0.f)) return FP4G_EINVAL;  // also rejects NaN
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, layout, err);
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err);
   a.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};
   return run_grouped_gemm<Epilogue::kL1>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }

@@ -3,12 +3,13 @@
 #include <cuda_runtime.h>
 
 #include "fp4_gemm/fp8.cuh"
+#include "fp4_gemm/layout.cuh"
 #include "fp4_gemm_api.h"
 
 namespace fp4_gemm {
 namespace {
 
-constexpr int kGroup = 128;          // channels per scale
+constexpr int kGroup = kScaleGroup;  // channels per scale (layout.cuh)
 constexpr int kElemsPerLane = kGroup / 32;  // 4 BF16 = 8 bytes per lane
 constexpr int kWarpsPerBlock = 8;
 

@@ -82,7 +82,7 @@ __device__ __forceinline__ void report_error(int* err, int code) {
 enum class WeightPath { kSmem, kRegs };
 
 template <int kBlockN_, int kNumStages_, WeightPath kPath_ = WeightPath::kSmem, int kCtasPerSm_ = 1,
-          bool kMulticast_ = false>
+          bool kMulticast_ = false, bool kL1_ = false>
 struct MainloopConfig {
   static constexpr int kBlockN = kBlockN_;      // tokens per tile (wgmma N)
   static constexpr int kNumStages = kNumStages_;
@@ -92,6 +92,10 @@ struct MainloopConfig {
   // with multicast to both (contract at the top of this file). Launch with cluster dims (2, 1, 1).
   static constexpr bool kMulticast = kMulticast_;
   static constexpr int kClusterN = kMulticast ? 2 : 1;
+  // The L1 (SwiGLU -> FP8) epilogue: its shared storage below, and tiles in n-block pairs (kPairN 2:
+  // both 64-channel halves of a 128-channel output scale group on one CTA, epilogue.cuh).
+  static constexpr bool kL1 = kL1_;
+  static constexpr int kPairN = kL1 ? 2 : 1;
   static constexpr int kBlockK = WL::kBlockK;
   static constexpr int kTokenTileBytes = kBlockN * kBlockK;  // FP8, 128-byte swizzled rows
   static constexpr int kTmaBoxRows = kBlockN / kClusterN;     // token rows per CTA's TMA box
@@ -116,15 +120,26 @@ struct MainloopConfig {
   static constexpr int kTokenOff = 0;
   static constexpr int kWeightOff = kTokenOff + kNumStages * kTokenTileBytes;
   static constexpr int kScaleOff = kWeightOff + kNumStages * kWeightBytes;
-  static constexpr int kEpilogueOff = kScaleOff + kNumStages * kScaleBytes;  // L1 epilogue maxima
-  static constexpr int kEpilogueBytes = 2 * kBlockN * 8 * 4;
-  // BF16 epilogue staging tile per math warpgroup (epilogue.cuh store_bf16_staged), register path only.
+  // Epilogue storage. BF16: the L1 epilogue's bytes are unused (kept: the BF16 kernels' plan is the
+  // measured one). L1: per-token partial maxima [kBlockN][8 math warps] FP32.
+  static constexpr int kEpilogueOff = kScaleOff + kNumStages * kScaleBytes;
+  static constexpr int kEpilogueBytes = kL1 ? kBlockN * 8 * 4 : 2 * kBlockN * 8 * 4;
+  // L1 only: the output scale of each token of the tile pair [kBlockN] FP32, and the first half's
+  // activations (the stash) [kBlockN / 8][kMathThreads][2] FP32, each thread's values as float2s
+  // (thread-private: no barrier orders them; conflict-free: a warp's float2s are contiguous).
+  static constexpr int kL1ScaleOff = kEpilogueOff + kEpilogueBytes;
+  static constexpr int kL1ScaleBytes = kL1 ? kBlockN * 4 : 0;
+  static constexpr int kStashOff = kL1ScaleOff + kL1ScaleBytes;
+  static constexpr int kStashBytes = kL1 ? kBlockN / 4 * kMathThreads * 4 : 0;
+  // Staging tile of the output (register path only). BF16: per math warpgroup [kBlockN tokens][64
+  // channels + 16 bytes] (epilogue.cuh store_bf16_staged); one row = an odd number of 16-byte units,
+  // so the 8 rows one stmatrix writes fall in 8 different bank groups. L1: one tile for the CTA,
+  // [kBlockN tokens][128 E4M3 channels + 16 bytes] (store_l1_pair), written by both warpgroups.
   static constexpr bool kStagedStore = kPath == WeightPath::kRegs;
-  // One staging row = a token's 64 BF16 channels + 16 bytes, an odd number of 16-byte units, so the
-  // 8 rows one stmatrix writes fall in 8 different bank groups.
-  static constexpr int kStoreRowBytes = WL::kRowsPerWarpgroup * 2 + 16;
-  static constexpr int kStoreOff = kEpilogueOff + kEpilogueBytes;
-  static constexpr int kStoreBytes = kStagedStore ? kMathThreads / 128 * kBlockN * kStoreRowBytes : 0;
+  static constexpr int kStoreRowBytes = kL1 ? 2 * WL::kRowsPerWarpgroup + 16 : WL::kRowsPerWarpgroup * 2 + 16;
+  static constexpr int kStoreOff = kStashOff + kStashBytes;
+  static constexpr int kStoreBytes = !kStagedStore ? 0 : kL1 ? kBlockN * kStoreRowBytes
+                                                             : kMathThreads / 128 * kBlockN * kStoreRowBytes;
   static constexpr int kLutOff = kStoreOff + kStoreBytes;  // decode_raw's slow-path table (!kSmemLut32 only)
   static constexpr int kLutBytes = kSmemLut32 ? 0 : kNumShifts * 8;
   static constexpr int kLut32Off = (kLutOff + kLutBytes + 7) / 8 * 8;
@@ -133,6 +148,8 @@ struct MainloopConfig {
   static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
+  static_assert(!kL1 || kBlockN <= kMathThreads, "one math thread per token computes the L1 scales");
+  static_assert(kStashOff % 8 == 0 && kL1ScaleOff % 8 == 0, "float2 stash and scale reads");
   static_assert(kTokenTileBytes % 1024 == 0, "swizzle-128B atoms are 1024 bytes: tiles stay aligned");
   static_assert(kTmaBoxBytes % 1024 == 0 && kTmaBoxRows <= 256,
                 "each CTA's half tile starts on a swizzle atom (same layout as one full box); TMA box <= 256 rows");
@@ -155,6 +172,8 @@ struct SmemView {
   __device__ uint8_t* weights(int s) const { return base + Cfg::kWeightOff + s * Cfg::kWeightBytes; }
   __device__ float* scales(int s) const { return reinterpret_cast<float*>(base + Cfg::kScaleOff + s * Cfg::kScaleBytes); }
   __device__ float* epilogue() const { return reinterpret_cast<float*>(base + Cfg::kEpilogueOff); }
+  __device__ float* l1_scales() const { return reinterpret_cast<float*>(base + Cfg::kL1ScaleOff); }
+  __device__ float* stash() const { return reinterpret_cast<float*>(base + Cfg::kStashOff); }
   __device__ uint8_t* store_tile(int wg) const { return base + Cfg::kStoreOff + wg * Cfg::kBlockN * Cfg::kStoreRowBytes; }
   __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
   __device__ uint8_t* lut32() const { return base + Cfg::kLut32Off; }
@@ -536,10 +555,9 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 // `epilogue(tile, acc, tile_index)` runs after a tile's last K block. Returns false on timeout.
 // Multicast: the scheduler is the cluster's pair scheduler; dummy tiles (rows 0) are computed in
 // lock-step with the partner but get no epilogue (and do not advance the epilogue's tile counter).
-template <class Cfg, int kBlockRows, class Epilogue>
+template <class Cfg, class Sched, class Epilogue>
 __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const GroupedProblem& pb,
-                                                const WeightOperand& w,
-                                                GroupedScheduler<Cfg::kBlockN, kBlockRows, Cfg::kClusterN> sched,
+                                                const WeightOperand& w, Sched sched,
                                                 int wg, int tid_in_wg, int* err, Epilogue&& epilogue) {
   static_assert(Cfg::kPath == WeightPath::kRegs, "the kSmem path runs mma_tile");
   constexpr int kSteps = WL::kStepsPerBlockK;
@@ -551,11 +569,12 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   const uint32_t empty_cl = empty_release_addr(sm, lane);
 
   // Load cursor: flat K blocks loaded so far (`loaded`), its tile and K block.
-  GroupedScheduler<Cfg::kBlockN, kBlockRows, Cfg::kClusterN> load_sched = sched;
+  Sched load_sched = sched;
   Tile lt;
   bool l_valid = load_sched.next(lt);
   int l_kb = 0;
   const uint8_t* l_chunk = l_valid ? tile_weights(w, pb, lt) : nullptr;
+  int l_half = 0;  // n-block of the unit (Cfg::kPairN: the scheduler returns units of kPairN n-blocks)
   uint32_t loaded = 0;
   auto load_next = [&](RawFragment& r) {
     if (!l_valid) return;
@@ -564,8 +583,12 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     l_chunk += WL::kBlockChunkBytes;
     if (++l_kb == k_blocks) {
       l_kb = 0;
-      l_valid = load_sched.next(lt);
-      if (l_valid) l_chunk = tile_weights(w, pb, lt);
+      // The pair's second n-block (Cfg::kPairN == 2: its weights follow the first's), else the next unit.
+      if (Cfg::kPairN == 1 || ++l_half == Cfg::kPairN) {
+        l_half = 0;
+        l_valid = load_sched.next(lt);
+        if (l_valid) l_chunk = tile_weights(w, pb, lt);
+      }
     }
   };
 
@@ -586,11 +609,17 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   int kb = 0;
   uint32_t tiles = 0;
   // After a tile's last K block: its epilogue, then the next tile. Returns false at the CTA's end.
+  int half = 0;  // n-block of the unit, as l_half
   auto end_tile = [&]() -> bool {
     if (!Cfg::kMulticast || t.rows > 0) epilogue(t, acc, tiles++);
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
     kb = 0;
+    if (Cfg::kPairN > 1 && ++half < Cfg::kPairN) {
+      ++t.n_block;
+      return true;
+    }
+    half = 0;
     return sched.next(t);
   };
 

@@ -136,6 +136,20 @@ __device__ __forceinline__ uint2 ldg_stream_v2(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+// Coherent 4-byte load (strong, relaxed, gpu scope: never a stale L1 line): for values another CTA
+// may have written earlier in the same launch (group sizes a fused kernel's dispatch produced). No
+// "memory" clobber: the caller orders them after its acquire (an asm volatile with one), and the
+// clobber cost registers (spills) in the L1 epilogue's 32 independent topk_w loads.
+__device__ __forceinline__ int ld_relaxed_gpu_s32(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float ld_relaxed_gpu_f32(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

@@ -2,7 +2,15 @@
 // Tiles are enumerated group by group; inside a group the token block varies fastest, so CTAs
 // running at the same time share a weight block (read once from HBM, then from L2).
 // Group sizes are read from device memory (no host sync), the same way by every thread, so all
-// warp roles of a CTA walk the same tile sequence.
+// warp roles of a CTA walk the same tile sequence. They are read with coherent loads
+// (ld.relaxed.gpu): a fused kernel's dispatch may write them earlier in the same launch.
+//
+// Pairs along N (kPairN = 2, the L1 epilogue): the unit of work then holds two consecutive weight
+// n-blocks 2p, 2p + 1 of one token tile, both for the SAME CTA: next() returns the unit with its
+// first n-block and the caller runs n_block, n_block + 1 in a row (a second next() state here cost
+// the L1 kernels registers: spills), so the epilogue sees both 64-channel halves of a 128-channel L1
+// output scale group (epilogue.cuh). With clusters, CTA rank r of the cluster takes the pair
+// (2 * unit + r): n-blocks 4u + 2r, 4u + 2r + 1.
 //
 // Clusters (kClusterN = 2, token-tile multicast): the unit of work is a tile PAIR, the same token
 // tile (group, m-block) with weight n-blocks 2p (cluster rank 0) and 2p + 1 (rank 1). Both CTAs of a
@@ -30,8 +38,11 @@ struct GroupedProblem {
   int64_t rows;     // rows of the activation tensor (contiguous: M; masked: G * max_m)
   int max_m;        // masked: rows reserved per group
   const int* group_offsets;  // contiguous: [G + 1] row offsets (non-decreasing, last <= rows)
+  const int* group_counts;   // contiguous, optional: [G] valid rows of group g, from offsets[g]
+                             // (min with the segment; rows past it, e.g. pool padding, are skipped)
   const int* masked_m;       // masked: [G] valid rows per group (<= max_m)
 };
+
 
 struct Tile {
   int group;
@@ -40,9 +51,11 @@ struct Tile {
   int rows;      // valid rows (tokens) in this tile, 1..BLOCK_N; 0: a cluster's dummy tile (never stored)
 };
 
-template <int kBlockN, int kBlockRows, int kClusterN = 1>
+template <int kBlockN, int kBlockRows, int kClusterN = 1, int kPairN = 1>
 struct GroupedScheduler {
   static_assert(kClusterN == 1 || kClusterN == 2, "clusters of 1 or 2 CTAs along the weight n-blocks");
+  static_assert(kPairN == 1 || kPairN == 2, "1 or 2 consecutive n-blocks per CTA and unit");
+  static constexpr int kUnitN = kClusterN * kPairN;  // n-blocks per unit of work
   const GroupedProblem& pb;
   int next_tile;         // in units of kClusterN tiles (one per CTA of the cluster)
   int step;
@@ -69,17 +82,18 @@ struct GroupedScheduler {
     if (group >= pb.num_groups) return;
     if (pb.layout == GroupLayout::kMasked) {
       g_row0 = int64_t(group) * pb.max_m;
-      g_m = min(max(__ldg(pb.masked_m + group), 0), pb.max_m);
+      g_m = min(max(ptx::ld_relaxed_gpu_s32(pb.masked_m + group), 0), pb.max_m);
     } else {
-      const int64_t a = __ldg(pb.group_offsets + group), b = __ldg(pb.group_offsets + group + 1);
+      const int64_t a = ptx::ld_relaxed_gpu_s32(pb.group_offsets + group), b = ptx::ld_relaxed_gpu_s32(pb.group_offsets + group + 1);
       g_row0 = min(max(a, int64_t(0)), pb.rows);
       g_m = int(max(min(b, pb.rows) - g_row0, int64_t(0)));
+      if (pb.group_counts != nullptr) g_m = min(g_m, max(ptx::ld_relaxed_gpu_s32(pb.group_counts + group), 0));
     }
   }
 
   __device__ bool next(Tile& t) {
-    const int n_blocks = pb.n / kBlockRows;
-    const int n_units = (n_blocks + kClusterN - 1) / kClusterN;
+    const int n_blocks = pb.n / kBlockRows;  // kPairN == 2: even (the launcher checks)
+    const int n_units = (n_blocks + kUnitN - 1) / kUnitN;
     while (group < pb.num_groups) {
       const int m_blocks = (g_m + kBlockN - 1) / kBlockN;
       const int tiles = m_blocks * n_units;
@@ -87,12 +101,12 @@ struct GroupedScheduler {
         const int local = next_tile - tiles_before;
         const int mb = local % m_blocks;
         t.group = group;
-        t.n_block = (local / m_blocks) * kClusterN + rank;
+        t.n_block = ((local / m_blocks) * kClusterN + rank) * kPairN;
         t.row0 = g_row0 + int64_t(mb) * kBlockN;
         t.rows = min(kBlockN, g_m - mb * kBlockN);
         if constexpr (kClusterN > 1) {
-          if (t.n_block >= n_blocks) {  // odd n-block count, last pair: the dummy tile
-            t.n_block = n_blocks - 1;
+          if (t.n_block >= n_blocks) {  // the last unit has no n-block(s) for rank 1: dummy tile(s)
+            t.n_block = n_blocks - kPairN;
             t.rows = 0;
           }
         }

@@ -12,8 +12,18 @@ LIB = NativeLib("fp4_gemm", Path(__file__).parent, {
     "fp4g_error_string": ([c_int], ctypes.c_char_p),
     "fp4g_abi_version": ([], c_int),
     "fp4g_quantize_fp8": ([c_vp, c_vp, c_vp, c_i64, c_i64, c_i64, c_int, c_vp], c_int),
-    "fp4g_grouped_gemm_bf16": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int, c_int,
+    "fp4g_grouped_gemm_bf16": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int, c_int,
                                 c_int, c_int, c_vp, c_vp], c_int),
-    "fp4g_grouped_gemm_l1": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int,
+    "fp4g_grouped_gemm_l1": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int,
                               c_int, c_int, ctypes.c_float, c_int, c_int, c_vp, c_vp], c_int),
 }, error_fn="fp4g_error_string")
+ABI_VERSION = 2  # csrc/errors.cu fp4g_abi_version: group_counts, L1 scales per 128 channels
+
+
+def require_abi(lib: NativeLib = LIB) -> None:
+    """The loaded library must implement this package's C ABI (an older build has other signatures)."""
+    lib.require()
+    got = lib.lib.fp4g_abi_version()
+    if got != ABI_VERSION:
+        from ._native import KernelsNotBuiltError
+        raise KernelsNotBuiltError(f"libfp4_gemm.so implements ABI {got}, this package needs {ABI_VERSION}: rebuild it")

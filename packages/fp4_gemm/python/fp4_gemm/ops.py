@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _arrays as A
-from ._lib import LIB
+from ._lib import LIB, require_abi
+from .layout import constants as _constants
 
-GROUP = 128  # channels per activation scale (the DeepEP convention on Hopper)
+# Channels per activation scale (layout.cuh kScaleGroup): the layer input (DeepEP's convention on
+# Hopper) and the L1 output = L2 input use the same granularity.
+SCALE_GROUP = _constants()["kScaleGroup"]
+GROUP = SCALE_GROUP
 
 
 def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
@@ -114,11 +118,16 @@ class _Problem:
     max_m: int
     lead: tuple      # leading output dims: (rows,) or (G, max_m)
     block_n: int
+    counts: A.DevArray | None = None  # contiguous: optional valid rows per group
+
+    @property
+    def counts_ptr(self):
+        return self.counts.ptr if self.counts is not None else None
 
 
-def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) -> _Problem:
+def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, group_counts=None) -> _Problem:
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
-    LIB.require()
+    require_abi(LIB)
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None
@@ -144,11 +153,21 @@ def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) ->
         if gv.shape[0] != G + 1:
             raise ValueError(f"group_offsets: expected {G + 1} entries, got {gv.shape[0]}")
         max_m, rows, lead = 0, xv.shape[0], (xv.shape[0],)
+    cv = None
+    if group_counts is not None:
+        if masked:
+            raise ValueError("group_counts: only for the contiguous layout (masked_m gives the masked rows)")
+        cv = A.view(group_counts, "group_counts")
+        A.check(cv, "group_counts", ("i32",), ndim=1, contiguous=True)
+        if cv.shape[0] != G:
+            raise ValueError(f"group_counts: expected {G} entries, got {cv.shape[0]}")
+        A.same_device(xv, cv)
     if block_n is None:
         block_n = pick_block_n(max_m if masked else -(-rows // max(G, 1)))
     if block_n not in BLOCK_NS:
         raise ValueError(f"block_n: must be one of {BLOCK_NS}, got {block_n}")
-    return _Problem(xv, sv, gv, pv, rv, _LAYOUT["masked" if masked else "contiguous"], G, rows, max_m, lead, block_n)
+    return _Problem(xv, sv, gv, pv, rv, _LAYOUT["masked" if masked else "contiguous"], G, rows, max_m, lead, block_n,
+                    cv)
 
 
 def _check_weights(w: PackedWeights, pv: A.DevArray, rv: A.DevArray):
@@ -177,50 +196,63 @@ def _output(p: _Problem, out, shape, kinds, name):
     return out, ov
 
 
-def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, masked_m=None, block_n=None,
-                 out=None):
+def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_counts=None, masked_m=None,
+                 block_n=None, out=None):
     """FP8 x MXFP4 grouped GEMM, BF16 output: out[r] = W_g @ (x[r] * scale) for the rows r of group g.
 
-    Contiguous: x [M, K] (groups are row segments), group_offsets int32 [G + 1] on the GPU.
+    Contiguous: x [M, K] (groups are row segments), group_offsets int32 [G + 1] on the GPU; optional
+    group_counts int32 [G]: group g's rows are offsets[g] .. offsets[g] + min(counts[g], segment)
+    (the rest, e.g. a dispatch pool's padding rows, are neither read nor written).
     Masked:     x [G, max_m, K], masked_m int32 [G] on the GPU (valid rows per group).
     x: FP8 E4M3 (CuPy: uint8), x_scales FP32 [..., K/128]. No host synchronisation.
     out (optional): BF16 [..., N], contiguous, data pointer 16-byte aligned.
     """
-    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts)
     out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
     if ov.ptr % 16:
         raise ValueError("out: data pointer must be 16-byte aligned (the kernel stores 16-byte row pieces)")
     err = A.view(_error_word(p.x), "err")
     with A.device_of(p.x):
-        LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, ov.ptr,
+        LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
+                 p.counts_ptr, ov.ptr,
                  p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, A.stream_of(p.x))
     return out
 
 
-L1_SCALE_GROUP = 64  # intermediate channels per L1 output scale (one CTA tile; see epilogue.cuh)
+L1_SCALE_GROUP = SCALE_GROUP  # intermediate channels per L1 output scale (= the L2 GEMM's x_scales granularity)
 
 
-def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, masked_m=None,
-                    activation_clamp: float = float("inf"), pow2: bool = False, block_n=None):
-    """Grouped GEMM with the L1 epilogue over gate/up-interleaved W1 ([G, 2I, K]):
+def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, group_counts=None, masked_m=None,
+                    activation_clamp: float = float("inf"), pow2: bool = False, block_n=None, out=None):
+    """Grouped GEMM with the L1 epilogue over gate/up-interleaved W1 ([G, 2I, K], I % 128 == 0):
     a = silu(min(gate, c)) * clamp(up, -c, c) * topk_w[row] -> (E4M3 [..., I], FP32 scales
-    [..., I / 64]: one per token per 64 channels). topk_w: FP32, one per row of x ([M] or [G, max_m])."""
+    [..., I / 128]: one per token per 128 channels, a valid x_scales of the L2 GEMM as it stands).
+    topk_w: FP32, one per row of x ([M] or [G, max_m]). group_offsets / group_counts / masked_m: as
+    grouped_gemm. out: optional preallocated (q, scales) of those shapes (q 16-byte aligned)."""
     if not w.gate_up_interleave:
         raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
     if not activation_clamp >= 0:
         raise ValueError(f"activation_clamp: must be >= 0 (inf for none), got {activation_clamp}")
-    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
+    if (w.n // 2) % L1_SCALE_GROUP:
+        raise ValueError(f"w: the L1 epilogue needs an intermediate size (N / 2 = {w.n // 2}) that is a multiple of "
+                         f"{L1_SCALE_GROUP} (one output scale per {L1_SCALE_GROUP} channels)")
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts)
     tv = A.view(topk_w, "topk_w")
     A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
     if tuple(tv.shape) != p.lead:
         raise ValueError(f"topk_w: expected shape {p.lead}, got {tv.shape}")
     A.same_device(p.x, tv)
     inter = w.n // 2
-    q, qv = _output(p, None, p.lead + (inter,), ("fp8", "u8"), "out_q")
-    s, s_v = _output(p, None, p.lead + (inter // L1_SCALE_GROUP,), ("f32",), "out_s")
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+        raise ValueError("out: expected a (q, scales) pair")
+    q, qv = _output(p, None if out is None else out[0], p.lead + (inter,), ("fp8", "u8"), "out[0] (q)")
+    s, s_v = _output(p, None if out is None else out[1], p.lead + (inter // L1_SCALE_GROUP,), ("f32",),
+                     "out[1] (scales)")
+    if qv.ptr % 16:
+        raise ValueError("out[0] (q): data pointer must be 16-byte aligned (16-byte row-piece stores)")
     err = A.view(_error_word(p.x), "err")
     with A.device_of(p.x):
-        LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr, tv.ptr,
-                 qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, float(activation_clamp),
-                 int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
+        LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
+                 p.counts_ptr, tv.ptr, qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n,
+                 float(activation_clamp), int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
     return q, s

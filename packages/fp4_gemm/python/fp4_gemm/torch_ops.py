@@ -8,7 +8,7 @@ and the quantiser work under torch.compile and inside CUDA graphs.
                                                                               -> out [G, max_m, n] BF16
     torch.ops.fp4_gemm.grouped_gemm_l1_contiguous(x, x_scales, packed, row_scale, topk_w, group_offsets,
                                                   n, k, activation_clamp (< 0: none), pow2, block_n)
-                                                                              -> (q [M, n/2], scales [M, n/128])
+                                                                              -> (q [M, n/2], scales [M, n/256])
 block_n = 0 picks the token tile from the shapes.
 """
 from __future__ import annotations
