@@ -7,7 +7,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 from fp4_gemm import ops, quantize_fp8  # noqa: E402
-from gemm_cases import fresh_generator, check_l1, l1_reference, random_tokens, random_weights  # noqa: E402
+from gemm_cases import (fresh_generator, check_l1, gemm_reference, l1_reference, random_tokens,  # noqa: E402
+                        random_weights)
 
 
 @pytest.mark.parametrize("G,I,K,sizes,block_n", [(4, 128, 512, [0, 37, 130, 5], None), (2, 384, 7168, [70, 9], None),
