@@ -58,7 +58,11 @@ class MegaMoE(torch.nn.Module):
         (or layer.check_errors()) raises it, and that call's output is undefined.
 
     forward is COLLECTIVE for R > 1: every rank must call it, the same number of times, in the same order
-    (T may differ per rank, T = 0 included), on one stream per layer.
+    (T may differ per rank, T = 0 included), on one stream per layer. An argument error is raised on the
+    rank that sees it before anything is launched (that rank's layer stays usable), but its peers, which
+    did launch, then time out (SymmTimeoutError naming rank and phase): call layer.buffer.resync() on
+    every rank before the next call. Under torch.compile keep the output used: the op is functional, so
+    a call whose result is unused may be eliminated on one rank and not on another.
     """
 
     def __init__(self, weights, *, max_tokens_per_rank: int, topk: int, group=None,
