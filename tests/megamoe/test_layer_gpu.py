@@ -259,7 +259,8 @@ def test_single_process_buffer_roundtrip():
         cin[: pool.shape[0]] = pool.float().bfloat16()  # each pool row is its token's FP8 row
         y = buf.combine(cin, h)
         n = (idx >= 0).sum(1, keepdim=True).float()
-        ref = (xq.float() * n).bfloat16()  # sum of n equal BF16-exact rows (FP8 values): exact
+        # sum of n equal BF16-exact rows (FP8 values) from +0: exact; no rows: +0 (not -0 = x * 0)
+        ref = torch.where(n > 0, xq.float() * n, torch.zeros_like(n)).bfloat16()
         assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
     finally:
         buf.destroy()
