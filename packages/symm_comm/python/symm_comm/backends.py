@@ -56,6 +56,23 @@ class TorchSymmBackend:
         self.tensor = None
 
 
+class LocalBackend:
+    """Single-process mode (Buffer(None, ...) without torch.distributed, or single_rank=True): one rank,
+    a plain CUDA allocation as the "symmetric" buffer, peer table = [own pointer], no collectives."""
+    name = "local"
+    ALIGN = 4096  # the caching allocator aligns to 512 B; symmetric heaps to pages: match them
+
+    def __init__(self, nbytes: int, device: torch.device):
+        self._storage = torch.empty(nbytes + self.ALIGN, dtype=torch.uint8, device=device)
+        off = (-int(self._storage.data_ptr())) % self.ALIGN
+        self.tensor = self._storage[off:off + nbytes]
+        self.peer_ptrs = [int(self.tensor.data_ptr())]
+
+    def close(self):
+        self.tensor = None
+        self._storage = None
+
+
 _NVSHMEM = {"init": False, "group_size": None}
 
 

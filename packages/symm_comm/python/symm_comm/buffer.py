@@ -12,13 +12,27 @@ import torch.distributed as dist
 from . import _arrays
 from ._lib import ERR_WORDS, LIB
 from ._validate import Config, check_buffer_args, check_combine, check_dispatch
-from .backends import keep_multicast_off, make_backend
-from .errors import SymmCommError, make_error
+from .backends import LocalBackend, keep_multicast_off, make_backend
+from .errors import SymmCommError, make_error, require_cuda
 from .layout import compute_layout, describe, region_bytes
 
 log = logging.getLogger("symm_comm")
 
 _STATE_EPOCH, _STATE_ERR = 0, 128
+SINGLE_BACKENDS = ("torch", "nvshmem", "ipc", "local")  # accepted names in single-process mode (all: a local allocation)
+
+
+def resolve_group(group=None, single_rank: bool = False):
+    """(single, group, num_ranks, rank) as Buffer sees them. Single-process mode: single_rank=True, or
+    group None while torch.distributed is not initialised (one rank, rank 0, no collectives)."""
+    if single_rank:
+        if group is not None:
+            raise ValueError("single_rank: pass group=None with single_rank=True (one rank, no process group)")
+        return True, None, 1, 0
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return True, None, 1, 0
+    group = group if group is not None else dist.group.WORLD
+    return False, group, dist.get_world_size(group), dist.get_rank(group)
 
 
 @dataclass
@@ -53,6 +67,10 @@ class Buffer:
     Rank r owns experts [r*E/R, (r+1)*E/R). All ranks must create the buffer with the same arguments
     and make the same sequence of dispatch/combine calls.
 
+    Single-process mode: group None while torch.distributed is not initialised (or single_rank=True):
+    one rank holding every expert, a plain CUDA allocation as the buffer (peer table = its own pointer),
+    no collectives; the same kernels and layout as R ranks. `backend` is then only checked by name.
+
     Outputs of dispatch are VIEWS into the buffer: they stay valid until the next dispatch.
 
     combine_input_rows > 0 (or -1: pool_rows) adds the pull combine's input region (BF16 [rows, H] per
@@ -64,19 +82,23 @@ class Buffer:
     def __init__(self, group, num_experts: int, hidden: int, topk: int, max_tokens_per_rank: int, *,
                  block_m: int = 128, pool_rows: int = 0, max_m: int = 0, backend: str = "torch",
                  timeout_s: float = 10.0, num_sms: int = 0, check: bool = True, device=None,
-                 verbose: bool = False, combine_input_rows: int = 0):
+                 verbose: bool = False, combine_input_rows: int = 0, single_rank: bool = False):
         keep_multicast_off()
-        group = group if group is not None else dist.group.WORLD
+        require_cuda("symm_comm.Buffer")
+        self._single, group, self.num_ranks, self.rank = resolve_group(group, single_rank)
         self.group = group
-        self.num_ranks = dist.get_world_size(group)
-        self.rank = dist.get_rank(group)
-        check_buffer_args(self.num_ranks, num_experts, hidden, topk, max_tokens_per_rank, block_m, backend)
+        if self._single:
+            if backend not in SINGLE_BACKENDS:
+                raise ValueError(f"backend: expected one of {SINGLE_BACKENDS}, got {backend!r}")
+            check_buffer_args(1, num_experts, hidden, topk, max_tokens_per_rank, block_m, "torch")
+        else:
+            check_buffer_args(self.num_ranks, num_experts, hidden, topk, max_tokens_per_rank, block_m, backend)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s: {timeout_s} must be > 0")
         if not isinstance(combine_input_rows, int) or combine_input_rows < -1:
             raise ValueError(f"combine_input_rows: {combine_input_rows!r} must be an int >= -1 (-1: pool_rows)")
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else
-                                   torch.device(device).index)
+        dev_index = None if device is None else torch.device(device).index
+        self.device = torch.device("cuda", torch.cuda.current_device() if dev_index is None else dev_index)
         try:
             self.layout = compute_layout(self.num_ranks, self.rank, num_experts, hidden, topk, max_tokens_per_rank,
                                          block_m, pool_rows, max_m, combine_input_rows)
@@ -92,8 +114,10 @@ class Buffer:
         # compare the layouts before the collective allocation (e.g. combine_input_rows 0 on one rank).
         mine = (int(self.layout.total_bytes), int(self.layout.pool_rows), int(self.layout.max_m),
                 int(self.layout.cmb_in_rows))
-        every = [None] * self.num_ranks
-        dist.all_gather_object(every, mine, group=group)
+        every = [mine]
+        if not self._single:
+            every = [None] * self.num_ranks
+            dist.all_gather_object(every, mine, group=group)
         if any(v != mine for v in every):
             raise ValueError(f"symm_comm.Buffer: the ranks' layouts differ (total_bytes, pool_rows, max_m, "
                              f"combine_input_rows per rank: {every}); create the buffer with the same arguments "
@@ -106,13 +130,14 @@ class Buffer:
         self.timeout_ns = int(timeout_s * 1e9)
         self.num_sms = num_sms
         self.check = check
-        self.backend_name = backend
+        self.backend_name = "local" if self._single else backend
         self.nbytes = int(L.total_bytes)
         self._cfg = Config(hidden, topk, max_tokens_per_rank, num_experts, L.num_local_experts, L.max_m,
                            self.device.index)
 
         with torch.cuda.device(self.device):
-            self._backend = make_backend(backend, self.nbytes, group, self.device)
+            self._backend = (LocalBackend(self.nbytes, self.device) if self._single else
+                             make_backend(backend, self.nbytes, group, self.device))
             self.raw = self._backend.tensor
             self.raw.zero_()
             self.peers = torch.tensor(self._backend.peer_ptrs, dtype=torch.int64, device=self.device)
@@ -125,13 +150,14 @@ class Buffer:
             LIB.call("symm_reset_state", ctypes.byref(L), self._base, 0, 0,
                      torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
-        dist.barrier(group)
+        if not self._single:
+            dist.barrier(group)
         self._dispatch_seq = 0
         self._epoch = 0  # host mirror of the device dispatch epoch (1-based after the first call)
         self._epoch_unknown = False  # a dispatch was captured: graph replays advance the device epoch unseen
         self._needs_resync = False
         self._closed = False
-        msg = describe(L) + f", backend {backend}"
+        msg = describe(L) + f", backend {self.backend_name}"
         log.info(msg)
         if verbose and self.rank == 0:
             print(msg, flush=True)
@@ -224,7 +250,8 @@ class Buffer:
         """Collective: after a timeout, bring every rank's epochs and local state back in step."""
         torch.cuda.synchronize(self.device)
         ep = self.epochs.clone()
-        dist.all_reduce(ep, op=dist.ReduceOp.MAX, group=self.group)
+        if not self._single:
+            dist.all_reduce(ep, op=dist.ReduceOp.MAX, group=self.group)
         e = ep.cpu().tolist()
         self._epoch = int(e[0])
         LIB.call("symm_reset_state", ctypes.byref(self.layout), self._base, int(e[0]), int(e[1]),
@@ -235,7 +262,8 @@ class Buffer:
         self._needs_resync = False
         # Handles from before the reset describe state that no longer exists: make them stale.
         self._dispatch_seq += 1
-        dist.barrier(self.group)
+        if not self._single:
+            dist.barrier(self.group)
 
     # ---- dispatch / combine --------------------------------------------------------------------
     def dispatch(self, x_fp8, x_scales, topk_idx, topk_w=None, layout: str = "contiguous", *,
@@ -353,7 +381,7 @@ class Buffer:
 
     def __del__(self):
         try:
-            if not self._closed and self.backend_name == "torch":
+            if not self._closed and self.backend_name in ("torch", "local"):
                 self.destroy()
         except Exception:
             pass

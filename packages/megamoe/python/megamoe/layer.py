@@ -1,0 +1,214 @@
+"""megamoe.MegaMoE: the expert-parallel MoE layer (DESIGN.md section 1) on Hopper GPUs.
+
+    layer = MegaMoE(weights, max_tokens_per_rank=T_max, topk=K)          # one GPU: all experts local
+    layer = MegaMoE(local_weights, group=pg, max_tokens_per_rank=T_max, topk=K)  # R ranks, one GPU each
+    y = layer(x, topk_idx, topk_w)  # x BF16 [T, H], ids int32/int64 [T, K] (-1: none), weights FP32 [T, K]
+
+backend="staged" runs four kernels from the standalone packages on the current stream:
+  quantize (fp4_gemm) -> dispatch (symm_comm, expert-major pool) -> L1 grouped GEMM (SwiGLU x top-k
+  weight -> FP8 + per-128 scales, preallocated) -> L2 grouped GEMM (BF16 rows straight into the pull
+  combine's input region of the symmetric buffer) -> pull combine (FP32 sum over k in slot order -> BF16).
+No host synchronisation and no allocation inside a call except y (and, while fp4_gemm's quantiser
+has no `out=`, its FP8 / scale outputs), so calls can be captured into CUDA graphs.
+
+One rank (torch.distributed not initialised, group=None) and R ranks (a process group, one process
+per GPU) run the same code: symm_comm.Buffer is a plain allocation in the first case.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+
+import torch
+
+from . import _ops
+from ._validate import LayerConfig, check_forward, check_ids as _check_ids, check_layer_args
+from .weights import SCALE_GROUP, check_weights, weight_bytes
+
+log = logging.getLogger("megamoe")
+
+__all__ = ["MegaMoE"]
+
+
+def _is_compiling() -> bool:
+    try:
+        return bool(torch.compiler.is_compiling())
+    except Exception:  # pragma: no cover - older torch
+        return False
+
+
+class MegaMoE(torch.nn.Module):
+    """The MoE layer of one rank. Rank r of R holds experts [r*E/R, (r+1)*E/R).
+
+    weights: megamoe.ExpertWeights (or megamoe.reference.MoEWeights) holding this rank's experts:
+        w1 TransformedWeights [E_local, 2I, H] (gate_up_interleave=True), w2 [E_local, H, I];
+        H and I multiples of 128.
+    group: the process group (None: the default group if torch.distributed is initialised, else one rank).
+    max_tokens_per_rank: the most tokens one call takes (sizes the buffer and the intermediates).
+    topk: experts per token (K).
+    activation_clamp: c of the SwiGLU clamp (gate <= c, -c <= up <= c); inf: none.
+    pow2_scales: round the FP8 scales (input and L2 input) up to powers of two.
+    backend: "staged" (four kernels); "fused" / "auto" raise NotImplementedError for now.
+    comm_backend: symm_comm's symmetric memory backend ("torch", "nvshmem", "ipc"); unused with one rank.
+    timeout_s: symm_comm's cross-rank wait limit (an error naming rank and phase instead of a hang).
+    check_ids: check topk_idx against [-1, E) on the host before each call (one device -> host sync). Skipped
+        automatically under CUDA-graph capture and torch.compile tracing; with it off (or there), the
+        dispatch kernel's own device-side error word still reports a bad id: the next call on the layer
+        (or layer.check_errors()) raises it, and that call's output is undefined.
+
+    forward is COLLECTIVE for R > 1: every rank must call it, the same number of times, in the same order
+    (T may differ per rank, T = 0 included), on one stream per layer. An argument error is raised on the
+    rank that sees it before anything is launched (that rank's layer stays usable), but its peers, which
+    did launch, then time out (SymmTimeoutError naming rank and phase): call layer.buffer.resync() on
+    every rank before the next call. Under torch.compile keep the output used: the op is functional, so
+    a call whose result is unused may be eliminated on one rank and not on another.
+    """
+
+    def __init__(self, weights, *, max_tokens_per_rank: int, topk: int, group=None,
+                 activation_clamp: float = math.inf, pow2_scales: bool = False, backend: str = "staged",
+                 comm_backend: str = "torch", timeout_s: float = 10.0, device=None, check_ids: bool = True,
+                 num_sms: int = 0, verbose: bool = False):
+        super().__init__()
+        check_layer_args(max_tokens_per_rank=max_tokens_per_rank, topk=topk, activation_clamp=activation_clamp,
+                         backend=backend, timeout_s=timeout_s)
+        from symm_comm.buffer import resolve_group  # lazy: symm_comm's torch parts
+        self._single, group, R, r = resolve_group(group)
+        shapes = check_weights(weights, R, r)  # CPU-checkable: before anything touches a GPU
+        from symm_comm.errors import require_cuda
+        require_cuda("megamoe.MegaMoE")
+        from fp4_gemm import ops
+        self._ops = ops
+        self._check_fp4_gemm_api(ops)
+        if getattr(ops, "SCALE_GROUP", SCALE_GROUP) != SCALE_GROUP:
+            raise RuntimeError(f"fp4_gemm.ops.SCALE_GROUP is {ops.SCALE_GROUP}, the layer needs {SCALE_GROUP}")
+
+        dev_index = None if device is None else torch.device(device).index
+        self.device = torch.device("cuda", torch.cuda.current_device() if dev_index is None else dev_index)
+        self.num_ranks, self.rank, self.group = R, r, group
+        self.num_experts, self.num_local_experts = shapes.num_experts, shapes.num_local
+        self.hidden, self.intermediate, self.topk = shapes.hidden, shapes.intermediate, topk
+        self.experts = shapes.experts
+        self.max_tokens = max_tokens_per_rank
+        self.activation_clamp = float(activation_clamp)
+        self.pow2_scales = bool(pow2_scales)
+        self.backend = backend
+        self.check_ids = bool(check_ids)
+        self.config = LayerConfig(self.num_experts, self.hidden, self.intermediate, topk, max_tokens_per_rank,
+                                  self.device)
+        n_clamped = int(getattr(weights.w1, "n_clamped", 0)) + int(getattr(weights.w2, "n_clamped", 0))
+        if n_clamped:
+            log.warning("megamoe: %d weight groups were clamped by the FP4 -> FP8 transform (lossy)", n_clamped)
+
+        with torch.cuda.device(self.device):
+            self.w1 = ops.prepare_weights(weights.w1, device=self.device)
+            self.w2 = ops.prepare_weights(weights.w2, device=self.device)
+            if not self.w1.gate_up_interleave:
+                raise ValueError("w1: the packed weights lost gate_up_interleave")
+            import symm_comm
+            self.buffer = symm_comm.Buffer(group, self.num_experts, self.hidden, topk, max_tokens_per_rank,
+                                           block_m=128, backend=comm_backend, timeout_s=timeout_s,
+                                           num_sms=num_sms, check=False, device=self.device,
+                                           combine_input_rows=-1, single_rank=self._single)
+            P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
+            self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
+            self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
+            self._quant_out = "out" in inspect.signature(ops.quantize_fp8_cuda).parameters
+            if self._quant_out:
+                self._xq = torch.empty((max_tokens_per_rank, H), dtype=torch.float8_e4m3fn, device=self.device)
+                self._xs = torch.empty((max_tokens_per_rank, H // SCALE_GROUP), dtype=torch.float32,
+                                       device=self.device)
+            else:
+                self._xq = torch.empty((0, H), dtype=torch.float8_e4m3fn, device=self.device)
+                self._xs = torch.empty((0, H // SCALE_GROUP), dtype=torch.float32, device=self.device)
+            torch.cuda.synchronize(self.device)
+        self._layer_id = _ops.register(self)
+        self._closed = False
+        msg = self.describe_memory()
+        log.info(msg)
+        if verbose and self.rank == 0:
+            print(msg, flush=True)
+
+    # ---- setup helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _check_fp4_gemm_api(ops) -> None:
+        need = {"grouped_gemm": ("group_counts", "out", "block_n"),
+                "grouped_gemm_l1": ("group_counts", "out", "block_n", "activation_clamp", "pow2")}
+        for fn, params in need.items():
+            have = inspect.signature(getattr(ops, fn)).parameters
+            missing = [p for p in params if p not in have]
+            if missing:
+                raise RuntimeError(f"fp4_gemm.ops.{fn} lacks {missing}: this fp4_gemm is older than megamoe.MegaMoE "
+                                   "needs (group_counts= and out= of the grouped GEMMs)")
+
+    def memory_report(self) -> dict:
+        """Device bytes this layer holds on its GPU: the symm buffer's regions, the packed weights and the
+        preallocated intermediates (FP8 L1 output and its scales; the quantised input when preallocated)."""
+        buf = self.buffer.memory_report()
+        inter = {"l1_q": self._aq.numel(), "l1_s": self._a_s.numel() * 4,
+                 "x_q": self._xq.numel(), "x_s": self._xs.numel() * 4}
+        wts = {"w1": weight_bytes(self.w1), "w2": weight_bytes(self.w2)}
+        total = buf["total"] + sum(inter.values()) + sum(wts.values())
+        return {"buffer": buf, "weights": wts, "intermediates": inter, "total": total}
+
+    def describe_memory(self) -> str:
+        m = self.memory_report()
+        mib = 2.0 ** 20
+        return (f"megamoe.MegaMoE rank {self.rank}/{self.num_ranks}: {m['total'] / mib:.1f} MiB on {self.device} "
+                f"(E={self.num_experts}, local {self.num_local_experts}, H={self.hidden}, I={self.intermediate}, "
+                f"K={self.topk}, T_max={self.max_tokens}, backend {self.backend}): symm buffer "
+                f"{m['buffer']['total'] / mib:.1f} MiB (pool {self.buffer.pool_rows} rows), weights "
+                f"{sum(m['weights'].values()) / mib:.1f} MiB, intermediates {sum(m['intermediates'].values()) / mib:.1f} MiB")
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, experts={self.experts}, hidden={self.hidden}, "
+                f"intermediate={self.intermediate}, topk={self.topk}, max_tokens_per_rank={self.max_tokens}, "
+                f"ranks={self.num_ranks}, backend={self.backend!r}, activation_clamp={self.activation_clamp}, "
+                f"pow2_scales={self.pow2_scales}")
+
+    # ---- the call ------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+        """y BF16 [T, H] = sum_k topk_w[t, k] * expert_{topk_idx[t, k]}(x[t]) (-1 ids contribute 0).
+        Collective for R > 1 (every rank calls it, in the same order)."""
+        return torch.ops.megamoe.moe_forward(x, topk_idx, topk_w, self._layer_id)
+
+    def _forward_impl(self, x, topk_idx, topk_w):
+        if self._closed:
+            raise RuntimeError("megamoe.MegaMoE: the layer was destroyed")
+        T = check_forward(self.config, x, topk_idx, topk_w)
+        ops, buf = self._ops, self.buffer
+        with torch.cuda.device(self.device):
+            if self.check_ids and not torch.cuda.is_current_stream_capturing() and not _is_compiling():
+                _check_ids(topk_idx, self.num_experts)
+            if T == 0:
+                xq, xs = self._xq[:0], self._xs[:0]
+            elif self._quant_out:
+                xq, xs = self._xq[:T], self._xs[:T]
+                ops.quantize_fp8_cuda(x, pow2=self.pow2_scales, out=(xq, xs))
+            else:
+                xq, xs = ops.quantize_fp8_cuda(x, pow2=self.pow2_scales)
+            pool, ps, pw, counts, h = buf.dispatch(xq, xs, topk_idx, topk_w, check=False)
+            expected = -(-max(T, 1) * self.num_ranks * self.topk // self.num_experts)
+            block_n = ops.pick_block_n(expected)
+            ops.grouped_gemm_l1(pool, ps, self.w1, pw, group_offsets=h.expert_offsets, group_counts=counts,
+                                activation_clamp=self.activation_clamp, pow2=self.pow2_scales, block_n=block_n,
+                                out=(self._aq, self._a_s))
+            cin = buf.combine_input()
+            ops.grouped_gemm(self._aq, self._a_s, self.w2, group_offsets=h.expert_offsets, group_counts=counts,
+                             block_n=block_n, out=cin)
+            return buf.combine(cin, h, check=False)
+
+    # ---- errors and teardown ---------------------------------------------------------------------
+    def check_errors(self) -> None:
+        """Synchronise and raise the first device-side error any of the layer's kernels reported (a bad
+        expert id seen by dispatch, a timeout naming rank and phase, a GEMM pipeline error)."""
+        self.buffer.check_errors()
+        self._ops.check_errors()
+
+    def destroy(self) -> None:
+        """Free the symmetric buffer (collective for R > 1: every rank calls it)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        _ops.unregister(self._layer_id)
+        self.buffer.destroy()

@@ -1,0 +1,274 @@
+"""Multi-process GPU checks of megamoe.MegaMoE (one process per rank), used by test_layer_ranks_gpu.py and
+runnable directly:  python3 tests/megamoe/layer_worker.py --world 2 [--seed N]
+
+Rank r runs on GPU r % #GPUs. world 1: no torch.distributed at all (single-process mode). world <= #GPUs:
+NCCL (+ gloo for CPU objects) and comm_backend "torch". world > #GPUs (ranks sharing a GPU): a gloo group
+and comm_backend "ipc" (CUDA IPC mappings; torch symmetric memory refuses two ranks on one GPU); while
+symm_comm has no "ipc" backend, tests/symm_comm/comm_worker.py's _IpcBackend stands in for "torch".
+Every rank builds every rank's inputs from the seed, computes the global reference itself (the full
+make_weights set) and checks its own rows (fraction within one BF16 step >= 0.97, rel. Frobenius <= 5e-3)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from layer_cases import check_metric, generator, make_inputs, metric, poison, why  # noqa: E402
+
+E, H, I, K, T_MAX = 16, 512, 256, 4, 64
+
+
+# ---- process plumbing (as tests/symm_comm/comm_worker.py) ----------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def oversubscribed(world: int) -> bool:
+    return world > torch.cuda.device_count()
+
+
+def ipc_backend_available() -> bool:
+    """symm_comm accepts comm backend "ipc" (added next to "torch" / "nvshmem")."""
+    from symm_comm._validate import check_buffer_args
+    try:
+        check_buffer_args(1, 1, 128, 1, 1, 128, "ipc")
+        return True
+    except ValueError:
+        return False
+
+
+def can_oversubscribe() -> bool:
+    if ipc_backend_available():
+        return True
+    try:
+        import cupy  # noqa: F401  (comm_worker's _IpcBackend)
+        return True
+    except ImportError:
+        return False
+
+
+def _setup(rank: int, world: int, port: int) -> str:
+    """Process group for `world` ranks; returns the comm_backend to pass to MegaMoE."""
+    ng = torch.cuda.device_count()
+    torch.cuda.set_device(rank % ng)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1) // 2))
+    if world == 1:
+        return "torch"  # single-process mode: no process group at all
+    if oversubscribed(world):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        sys.path.insert(0, os.path.join(HERE, "..", "symm_comm"))
+        import comm_worker
+        comm_worker._stage_collectives_on_host()  # Buffer.resync's all_reduce on a CUDA tensor
+        if ipc_backend_available():
+            return "ipc"
+        comm_worker._use_ipc_backend()  # "torch" -> _IpcBackend
+        return "torch"
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+    return "torch"
+
+
+def _worker(rank, world, port, seed, scenarios, outdir):
+    res = {"rank": rank, "ok": False, "done": [], "cases": {}, "seed": seed}
+    try:
+        comm = _setup(rank, world, port)
+        res["comm_backend"] = comm
+        run_all(rank, world, comm, seed, scenarios, res)
+        res["ok"] = True
+    except BaseException as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+        try:
+            if res["ok"] and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+    os._exit(0 if res["ok"] else 1)
+
+
+def launch(world: int, seed: int, scenarios=("cases", "back_to_back", "graph"), timeout_s: float = 600) -> list[dict]:
+    """Spawn `world` processes; returns their result dicts (raises on a hang)."""
+    import tempfile
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    outdir = tempfile.mkdtemp(prefix="megamoe_layer_")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, seed, list(scenarios), outdir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + timeout_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.time()))
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for i in hung:
+        procs[i].kill()
+    results = []
+    for r in range(world):
+        fn = os.path.join(outdir, f"rank{r}.json")
+        if os.path.exists(fn):
+            with open(fn) as f:
+                results.append(json.load(f))
+        else:
+            results.append({"rank": r, "ok": False, "error": "no result (crashed or hung)", "done": []})
+    if hung:
+        raise RuntimeError(f"megamoe layer test processes {hung} hung (killed after {timeout_s} s); results: {results}")
+    return results
+
+
+# ---- the checks ----------------------------------------------------------------------------------
+def _global_inputs(seed: int, case: int, Ts: list, rank_kw: dict | None = None, **kw):
+    """Every rank's CPU inputs of one call (rank s: generator(seed, case, s), make_inputs(**kw, **rank_kw[s]))."""
+    rank_kw = rank_kw or {}
+    return [make_inputs(generator(seed, case, s), Ts[s], H, E, K, **{**kw, **rank_kw.get(s, {})})
+            for s in range(len(Ts))]
+
+
+def _reference_rows(weights, inputs, rank):
+    """Global reference over all ranks' tokens; this rank's rows."""
+    from megamoe.reference import moe_reference
+    x = torch.cat([a[0] for a in inputs])
+    idx = torch.cat([a[1].long() for a in inputs])
+    w = torch.cat([a[2] for a in inputs])
+    y = moe_reference(x, idx, w, weights)
+    start = sum(a[0].shape[0] for a in inputs[:rank])
+    return y[start:start + inputs[rank][0].shape[0]]
+
+
+def run_all(rank, world, comm, seed, scenarios, res):
+    import megamoe
+    from megamoe.reference import make_weights
+    full = make_weights(E, H, I, seed=seed)  # every rank: the full set (for the global reference)
+    local = megamoe.local_experts(full, rank, world)
+    layer = megamoe.MegaMoE(local, max_tokens_per_rank=T_MAX, topk=K, comm_backend=comm,
+                            timeout_s=60.0 if oversubscribed(world) else 20.0, verbose=True)
+    res["memory"] = layer.memory_report()["total"]
+    dev = layer.device
+
+    def call_and_check(name, case, Ts, rank_kw=None, **kw):
+        inputs = _global_inputs(seed, case, Ts, rank_kw, **kw)
+        x, idx, w = (t.to(dev) for t in inputs[rank])
+        if dist.is_initialized():
+            # peers' pull combines of the previous call read this rank's combine input in place: poison
+            # it only after every rank finished (each synchronised its GPU before this barrier)
+            dist.barrier()
+        poison(layer)
+        y = layer(x, idx, w)
+        torch.cuda.synchronize()
+        layer.check_errors()
+        m = metric(y, _reference_rows(full, inputs, rank))
+        res["cases"][name] = m
+        check_metric(m, f"rank {rank}/{world} {name} (T per rank {Ts}), {why(seed)}")
+
+    def step(name, fn):
+        fn()
+        res["done"].append(name)
+
+    def cases():
+        R = world
+        call_and_check("random", 1, [[33, 1, 64, 7][s % 4] for s in range(R)])
+        call_and_check("one_token", 2, [1] * R)
+        call_and_check("zero_on_rank0", 3, [0] + [20] * (R - 1))
+        call_and_check("all_zero", 4, [0] * R)
+        call_and_check("hot_last_expert", 5, [T_MAX] * R, hot=E - 1)
+        call_and_check("hot_first_expert", 6, [[17, 64, 3, 40][s % 4] for s in range(R)], hot=0)
+        call_and_check("max_tokens_no_missing", 7, [T_MAX] * R, p_missing=0.0)
+        call_and_check("all_missing_on_rank1", 8, [9] * R, rank_kw={1: dict(all_missing=True)})
+        call_and_check("int32_ids", 9, [[5, 64, 0, 31][s % 4] for s in range(R)], idx_dtype=torch.int32)
+
+    def back_to_back():
+        outs = []
+        for i in range(8):
+            Ts = [(i * 13 + s * 7) % (T_MAX + 1) for s in range(world)]
+            inputs = _global_inputs(seed, 100 + i, Ts)
+            x, idx, w = (t.to(dev) for t in inputs[rank])
+            outs.append((layer(x, idx, w), inputs, Ts))
+        torch.cuda.synchronize()
+        layer.check_errors()
+        for i, (y, inputs, Ts) in enumerate(outs):
+            m = metric(y, _reference_rows(full, inputs, rank))
+            res["cases"][f"back_to_back_{i}"] = m
+            check_metric(m, f"rank {rank}/{world} back-to-back call {i} (T per rank {Ts}), {why(seed)}")
+
+    def graph():
+        Ts = [[24, 8, 40, 1][s % 4] for s in range(world)]
+        sets = [_global_inputs(seed, 200 + j, Ts) for j in range(3)]
+        mine = [tuple(t.to(dev) for t in s_[rank]) for s_ in sets]
+        eager = [layer(*m) for m in mine]
+        torch.cuda.synchronize()
+        layer.check_errors()
+        for j in range(3):
+            check_metric(metric(eager[j], _reference_rows(full, sets[j], rank)), f"rank {rank} graph eager {j}")
+        xs, is_, ws = (t.clone() for t in mine[0])
+        if dist.is_initialized():
+            dist.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ys = layer(xs, is_, ws)
+        torch.cuda.synchronize()
+        if dist.is_initialized():
+            dist.barrier()
+        for i in range(20):
+            j = (i + 1) % 3
+            xs.copy_(mine[j][0])
+            is_.copy_(mine[j][1])
+            ws.copy_(mine[j][2])
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(ys.view(torch.int16), eager[j].view(torch.int16)), \
+                f"rank {rank}/{world}: graph replay {i} differs from eager, {why(seed)}"
+        layer.check_errors()
+        del g
+        call_and_check("eager_after_graph", 300, [[3, 30, 0, 64][s % 4] for s in range(world)])
+
+    try:
+        if "cases" in scenarios:
+            step("cases", cases)
+        if "back_to_back" in scenarios:
+            step("back_to_back", back_to_back)
+        if "graph" in scenarios:
+            step("graph", graph)
+    finally:
+        torch.cuda.synchronize()
+        layer.destroy()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=0, help="ranks (default: all GPUs)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--scenarios", default="cases,back_to_back,graph")
+    a = ap.parse_args()
+    from layer_cases import fresh_seed
+    seed = a.seed if a.seed is not None else fresh_seed()
+    world = a.world or torch.cuda.device_count()
+    print(f"world {world}, {why(seed)}", flush=True)
+    res = launch(world, seed, a.scenarios.split(","))
+    ok = all(r["ok"] for r in res)
+    for r in res:
+        print(json.dumps({k: v for k, v in r.items() if k != "traceback"}))
+        if not r["ok"]:
+            print(r.get("traceback", ""))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
