@@ -17,8 +17,9 @@ SCALE_GROUP = _constants()["kScaleGroup"]
 GROUP = SCALE_GROUP
 
 
-def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
-    """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128])."""
+def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
+    """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128]).
+    out: optional preallocated (q, scales) of those shapes (contiguous), written and returned."""
     LIB.require()
     if gran != GROUP:
         raise ValueError(f"gran: the CUDA quantiser supports gran={GROUP} only, got {gran}")
@@ -27,15 +28,27 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
     T, H = xv.shape
     if H % GROUP:
         raise ValueError(f"x: hidden size {H} is not a multiple of {GROUP}")
-    if xv.strides[1] != 1:
+    if T > 0 and xv.strides[1] != 1:
         raise ValueError(f"x: the last dimension must be contiguous (strides {xv.strides})")
     if T > 1 and xv.strides[0] % 4:
         raise ValueError(f"x: row stride {xv.strides[0]} must be a multiple of 4 elements")
-    if xv.ptr % 8:
+    if T > 0 and xv.ptr % 8:
         raise ValueError("x: data pointer must be 8-byte aligned")
-    q = A.empty_like_framework(xv, (T, H), "fp8")
-    s = A.empty_like_framework(xv, (T, H // GROUP), "f32")
-    qv, sv = A.view(q, "q"), A.view(s, "scales")
+    if out is None:
+        q = A.empty_like_framework(xv, (T, H), "fp8")
+        s = A.empty_like_framework(xv, (T, H // GROUP), "f32")
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError("out: expected a (q, scales) pair")
+        q, s = out
+    qv, sv = A.view(q, "out[0] (q)"), A.view(s, "out[1] (scales)")
+    A.check(qv, "out[0] (q)", ("fp8", "u8"), ndim=2, contiguous=True)
+    A.check(sv, "out[1] (scales)", ("f32",), ndim=2, contiguous=True)
+    if tuple(qv.shape) != (T, H) or tuple(sv.shape) != (T, H // GROUP):
+        raise ValueError(f"out: expected shapes {(T, H)} and {(T, H // GROUP)}, got {qv.shape} and {sv.shape}")
+    A.same_device(xv, qv, sv)
+    if T == 0:  # a rank with no tokens: nothing to launch
+        return q, s
     with A.device_of(xv):
         LIB.call("fp4g_quantize_fp8", xv.ptr, qv.ptr, sv.ptr, T, H, xv.strides[0] if T > 1 else H,
                  int(bool(pow2)), A.stream_of(xv))
