@@ -9,13 +9,22 @@ from dataclasses import dataclass
 
 from . import _arrays as A
 from ._lib import LIB
+from ._native import require_cuda_device
 
 GROUP = 128  # channels per activation scale (the DeepEP convention on Hopper)
+
+
+def _require_cuda(entry: str, x) -> None:
+    """A torch tensor off the GPU where torch has no CUDA device: NoCudaDeviceError naming `entry`
+    (not torch's AssertionError, nor a bare "expected a CUDA tensor"). CuPy inputs need no check."""
+    if A.is_torch(x) and not x.is_cuda:
+        require_cuda_device(entry)
 
 
 def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
     """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128])."""
     LIB.require()
+    _require_cuda("fp4_gemm.quantize_fp8", x)
     if gran != GROUP:
         raise ValueError(f"gran: the CUDA quantiser supports gran={GROUP} only, got {gran}")
     xv = A.view(x, "x")
@@ -23,6 +32,8 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False):
     T, H = xv.shape
     if H % GROUP:
         raise ValueError(f"x: hidden size {H} is not a multiple of {GROUP}")
+    if T == 0:  # a rank with no tokens: empty outputs, nothing launched (an empty x's strides mean nothing)
+        return A.empty_like_framework(xv, (0, H), "fp8"), A.empty_like_framework(xv, (0, H // GROUP), "f32")
     if xv.strides[1] != 1:
         raise ValueError(f"x: the last dimension must be contiguous (strides {xv.strides})")
     if T > 1 and xv.strides[0] % 4:
@@ -58,6 +69,7 @@ def prepare_weights(tw, device="cuda") -> PackedWeights:
     """TransformedWeights (fp4_gemm.numerics.transform_weights, [G, N, K/2]) -> PackedWeights on `device`."""
     import torch
     from .layout import pack_weights
+    require_cuda_device("fp4_gemm.ops.prepare_weights", device)
     codes, shift = tw.codes, tw.shift
     if codes.dim() == 2:
         codes, shift = codes[None], shift[None]
@@ -116,9 +128,11 @@ class _Problem:
     block_n: int
 
 
-def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n) -> _Problem:
+def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n,
+             entry: str = "fp4_gemm.ops.grouped_gemm") -> _Problem:
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
     LIB.require()
+    _require_cuda(entry, x)
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None
@@ -209,7 +223,7 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
         raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
     if not activation_clamp >= 0:
         raise ValueError(f"activation_clamp: must be >= 0 (inf for none), got {activation_clamp}")
-    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n)
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, entry="fp4_gemm.ops.grouped_gemm_l1")
     tv = A.view(topk_w, "topk_w")
     A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
     if tuple(tv.shape) != p.lead:
