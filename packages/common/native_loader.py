@@ -24,6 +24,38 @@ class KernelsNotBuiltError(RuntimeError):
     """Raised when a GPU entry point is called but the CUDA library was not built or found."""
 
 
+class NoCudaDeviceError(RuntimeError):
+    """Raised when a GPU entry point is called where torch sees no CUDA device (a CPU-only torch build,
+    no driver, no visible GPU): instead of torch's "Torch not compiled with CUDA enabled" AssertionError."""
+
+
+def require_cuda_device(entry: str, device=None) -> None:
+    """Raise NoCudaDeviceError naming `entry` unless torch can use a CUDA device (`device`, if given:
+    an index, "cuda", "cuda:N" or a torch.device, must exist; a non-CUDA device passes). Cheap: call it
+    first in a GPU entry point."""
+    try:
+        import torch
+    except ImportError:
+        raise NoCudaDeviceError(f"{entry}: needs a CUDA device, and torch is not installed") from None
+    idx = None
+    if device is not None:
+        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if d.type != "cuda":
+            return  # not a CUDA device: the caller's own checks name it
+        idx = d.index
+    if torch.version.cuda is None:
+        why = (f"this torch build ({torch.__version__}) has no CUDA support (a CPU-only wheel); install a "
+               "CUDA build of torch on a machine with an NVIDIA GPU")
+    elif not torch.cuda.is_available():
+        why = "torch sees no CUDA device (no NVIDIA driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)"
+    else:
+        n = torch.cuda.device_count()
+        if idx is None or 0 <= idx < n:
+            return
+        why = f"CUDA device {idx} does not exist ({n} visible)"
+    raise NoCudaDeviceError(f"{entry}: no CUDA device to run on: {why}")
+
+
 def _candidates(pkg: str, pkg_dir: Path) -> list[Path]:
     name = f"lib{pkg}.so"
     out = []

@@ -310,7 +310,7 @@ def test_transform_clamped_groups(gen, device):
     codes[:, 16:48] = (i | ((15 - i) << 4)).to(torch.uint8)  # groups 1, 2: every code in both nibbles
     codes[0, 64:80] = 0
     tw = nm.transform_weights(codes.to(device), exps.to(device))
-    assert tw.n_clamped == 3  # -15, -20 and the zero group
+    assert tw.n_clamped == 2  # -15 and -20; the all-zero group is exact (not counted)
     true_shift = exps.long().numpy() - base.numpy() + 6
     assert np.array_equal(tw.shift.cpu().numpy(), np.maximum(true_shift, nm.MIN_SHIFT))
     assert tw.shift[0].tolist() == [6, -8, -9, -13, -13]
@@ -325,6 +325,28 @@ def test_transform_clamped_groups(gen, device):
     assert (dec[0, 64:96][g2.abs() == 0.5] == 0).all() and (g2.abs() == 0.5).any()
 
 
+def test_n_clamped_counts_only_lossy_groups():
+    """An all-zero group (codes +0 or -0) far below the row max decodes exactly: not clamped; a group
+    with a non-zero code at the same shift is."""
+    K = 4 * 32
+    exps = torch.tensor([[150, 150 - 20, 150 - 20, 150 - 20]], dtype=torch.uint8)
+    codes = torch.full((1, K // 2), 0x21, dtype=torch.uint8)  # codes 1 (0.5) and 2 (1.0)
+    codes[0, 16:32] = 0x00      # group 1: all +0
+    codes[0, 32:48] = 0x88      # group 2: all -0
+    codes[0, 48:64] = 0x00      # group 3: zeros but one 0.5
+    codes[0, 63] = 0x10
+    tw = nm.transform_weights(codes, exps)
+    assert tw.shift[0].tolist()[1:] == [max(nm.MAX_SHIFT - 20, nm.MIN_SHIFT)] * 3
+    assert tw.n_clamped == 1  # group 3 only
+    assert not nm.decode_transformed(tw)[0, 32:96].any()  # groups 1, 2 decode to (+-)0: exact
+    # odd group size (groups straddle bytes): the per-nibble path
+    tw_odd = nm.transform_weights(torch.zeros(1, 3, dtype=torch.uint8), torch.tensor([[150, 100]], dtype=torch.uint8))
+    assert tw_odd.n_clamped == 0
+    c = torch.zeros(1, 3, dtype=torch.uint8)
+    c[0, 2] = 0x10  # element 5 (group 1) is 0.5
+    assert nm.transform_weights(c, torch.tensor([[150, 100]], dtype=torch.uint8)).n_clamped == 1
+
+
 def test_n_clamped_random_construction(gen):
     G, N, NG = 4, 16, 12
     offsets = torch.randint(-40, 1, (G, N, NG), generator=gen)
@@ -333,7 +355,8 @@ def test_n_clamped_random_construction(gen):
     exps = (base + offsets).clamp_min(0).to(torch.uint8)
     codes = torch.randint(0, 256, (G, N, NG * 16), generator=gen, dtype=torch.uint8)
     tw = nm.transform_weights(codes, exps, gate_up_interleave=True)
-    want = int(((base + offsets).clamp_min(0) - base < nm.MIN_EXACT_SHIFT - nm.MAX_SHIFT).sum())
-    assert tw.n_clamped == want
+    nonzero = ((codes & 0x77) != 0).unflatten(-1, (NG, 16)).any(-1)
+    below = (base + offsets).clamp_min(0) - base < nm.MIN_EXACT_SHIFT - nm.MAX_SHIFT
+    assert tw.n_clamped == int((below & nonzero).sum())
     assert int(tw.shift.min()) >= nm.MIN_SHIFT
     check_decode(tw, nm.interleave_rows(exps.long() - base).numpy() + 6)

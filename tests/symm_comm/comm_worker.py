@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 import traceback
@@ -23,113 +22,26 @@ POISON_U8 = 0xEE
 
 
 # ---- process plumbing ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from symm_comm.testing import free_port  # noqa: E402
 
 
 def oversubscribed(world: int) -> bool:
-    """More ranks than GPUs (SYMM_TEST_OVERSUB=1, test_comm_oversubscribed): rank r runs on GPU r % #GPUs,
-    so the kernels' R-rank protocol (every peer a different rank: NVLink peers and, through a second
-    mapping, ranks on the same GPU) runs at 4 or 8 ranks on a 2-GPU machine. NCCL refuses two ranks on
-    one GPU: the process group is gloo only and the tests' CUDA-tensor collectives go through host
-    copies; torch symmetric memory refuses it too: the buffers are mapped through CUDA IPC (_IpcBackend).
-    The ranks sharing a GPU run in separate processes, i.e. time-sliced: correct, not fast."""
+    """More ranks than GPUs (test_comm_oversubscribed): rank r runs on GPU r % #GPUs, so the kernels'
+    R-rank protocol (every peer a different rank: NVLink peers and, through a second mapping, ranks on the
+    same GPU) runs at 2 or 4 ranks on one GPU. symm_comm.testing places the ranks: a gloo-only process
+    group (NCCL refuses two ranks on one GPU) with the tests' CUDA-tensor collectives staged through host
+    copies, and backend="ipc" (symm_comm.Buffer's CUDA IPC mappings: torch symmetric memory refuses two
+    ranks on one GPU). The ranks sharing a GPU run in separate processes, i.e. time-sliced: correct, not fast."""
     return world > torch.cuda.device_count()
-
-
-def _stage_collectives_on_host():
-    """Wraps the torch.distributed collectives the tests (and Buffer.resync) use on CUDA tensors so
-    gloo runs them on host copies."""
-    a2a, ag, ar = dist.all_to_all_single, dist.all_gather, dist.all_reduce
-
-    def all_to_all_single(out, inp, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
-        o = out.cpu()
-        a2a(o, inp.cpu(), output_split_sizes, input_split_sizes, group=group)
-        out.copy_(o)
-
-    def all_gather(outs, t, group=None, async_op=False):
-        hs = [o.cpu() for o in outs]
-        ag(hs, t.cpu(), group=group)
-        for o, h in zip(outs, hs):
-            o.copy_(h)
-
-    def all_reduce(t, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        h = t.cpu()
-        ar(h, op=op, group=group)
-        t.copy_(h)
-
-    dist.all_to_all_single, dist.all_gather, dist.all_reduce = all_to_all_single, all_gather, all_reduce
-
-
-class _IpcBackend:
-    """Oversubscribed runs only: torch symmetric memory refuses two ranks on one GPU, so each rank
-    cudaMallocs its buffer and maps every peer's through CUDA IPC (same GPU: a second mapping of the
-    peer's memory; other GPU: NVLink, peer access enabled lazily). Same interface as backends.py's."""
-    name = "ipc"
-
-    def __init__(self, nbytes: int, group, device: torch.device):
-        import cupy
-        rt = cupy.cuda.runtime
-        self._dev = device.index
-        with cupy.cuda.Device(self._dev):
-            self._ptr = rt.malloc(nbytes)
-            mem = cupy.cuda.UnownedMemory(self._ptr, nbytes, self, self._dev)
-            arr = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-            self.tensor = torch.as_tensor(arr, device=device)
-            handle = rt.ipcGetMemHandle(self._ptr)
-        every = [None] * dist.get_world_size(group)
-        dist.all_gather_object(every, handle, group=group)
-        me = dist.get_rank(group)
-        self._opened = []
-        self.peer_ptrs = []
-        with cupy.cuda.Device(self._dev):
-            for r, h in enumerate(every):
-                if r == me:
-                    self.peer_ptrs.append(self._ptr)
-                else:
-                    p = rt.ipcOpenMemHandle(h, 1)  # cudaIpcMemLazyEnablePeerAccess
-                    self._opened.append(p)
-                    self.peer_ptrs.append(p)
-
-    def close(self):
-        """Collective (Buffer.destroy on every rank): no rank frees its buffer while a peer's kernel may
-        still read or write it, nor before every peer closed its mapping of it."""
-        import cupy
-        torch.cuda.synchronize()
-        dist.barrier()
-        with cupy.cuda.Device(self._dev):
-            for p in self._opened:
-                cupy.cuda.runtime.ipcCloseMemHandle(p)
-            self._opened = []
-            self.tensor = None
-            dist.barrier()
-            if self._ptr:
-                cupy.cuda.runtime.free(self._ptr)
-                self._ptr = 0
-
-
-def _use_ipc_backend():
-    import symm_comm.buffer as sb
-    make = sb.make_backend
-    sb.make_backend = lambda name, nbytes, group, device: (
-        _IpcBackend(nbytes, group, device) if name == "torch" else make(name, nbytes, group, device))
 
 
 def _worker(rank, world, port, backend, scenarios, outdir):
     res = {"rank": rank, "ok": False, "done": []}
     try:
-        if oversubscribed(world):
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-            _stage_collectives_on_host()
-            _use_ipc_backend()
-        else:
-            torch.cuda.set_device(rank)
-            dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world, device_id=torch.device("cuda", rank))
-        run_all(backend, scenarios, res)
+        from symm_comm.testing import init_rank
+        pl = init_rank(rank, world, f"tcp://127.0.0.1:{port}", backend)
+        res["backend"] = pl.backend
+        run_all(pl.backend, scenarios, res)
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"

@@ -22,7 +22,7 @@ def test_resolve_group_single_without_distributed():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_buffer_without_cuda_is_a_clear_error():
-    with pytest.raises(symm_comm.CudaUnavailableError, match="needs a CUDA GPU"):
+    with pytest.raises(symm_comm.NoCudaDeviceError, match="no CUDA device"):
         symm_comm.Buffer(None, 8, 256, 2, 16)
     with pytest.raises(RuntimeError):  # a RuntimeError subclass, not torch's AssertionError
         symm_comm.Buffer(None, 8, 256, 2, 16, combine_input_rows=-1)

@@ -37,6 +37,8 @@ E8M0_MIN, E8M0_MAX = -127, 127  # representable UE8M0 exponents; biased 255 is N
 E8M0_NAN = 255
 _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # by 3-bit magnitude index
 _E2M1_SIGN_BIT = 0x8
+_E2M1_MAG_MASK = 0x7          # magnitude bits of a code: 0 is +-0
+_E2M1_MAG_MASK_BYTE = 0x77    # both nibbles of a packed byte
 _NIBBLE = 0xF
 _F64_MANT_BITS, _F64_BIAS = 52, 1023
 
@@ -211,7 +213,8 @@ class TransformedWeights:
     codes: torch.Tensor      # uint8 [..., N, K/2], element 2j in the low nibble
     shift: torch.Tensor      # int8 [..., N, K/group], in [MIN_SHIFT, MAX_SHIFT]
     row_scale: torch.Tensor  # FP32 [..., N], 2^(B - MAX_SHIFT - 127), possibly subnormal
-    n_clamped: int           # groups with shift < MIN_EXACT_SHIFT (not all values exact in E4M3)
+    n_clamped: int           # groups with a non-zero code and shift < MIN_EXACT_SHIFT (not all values
+                             # exact in E4M3); all-zero groups are exact and not counted
     gate_up_interleave: bool
 
 
@@ -222,7 +225,13 @@ def transform_weights(codes: torch.Tensor, exps: torch.Tensor, gate_up_interleav
     e = exps.long()
     base = e.amax(dim=-1, keepdim=True)
     s = e - base + MAX_SHIFT
-    n_clamped = int((s < MIN_EXACT_SHIFT).sum())
+    # lossy groups only: an all-zero group (every code +-0) decodes exactly whatever its shift
+    n_groups = e.shape[-1]
+    if codes.shape[-1] % n_groups == 0:  # whole bytes per group (even group size): test both nibbles at once
+        nonzero = ((codes & _E2M1_MAG_MASK_BYTE) != 0).unflatten(-1, (n_groups, -1)).any(dim=-1)
+    else:
+        nonzero = ((_unpack_nibbles(codes) & _E2M1_MAG_MASK) != 0).unflatten(-1, (n_groups, -1)).any(dim=-1)
+    n_clamped = int(((s < MIN_EXACT_SHIFT) & nonzero).sum())
     shift = s.clamp_min(MIN_SHIFT).to(torch.int8)
     row_scale = _pow2(base.squeeze(-1) - MAX_SHIFT - E8M0_BIAS, torch.float32)
     if gate_up_interleave:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from . import _arrays as A
 from ._lib import LIB, require_abi
+from ._native import require_cuda_device
 from .layout import constants as _constants
 
 # Channels per activation scale (layout.cuh kScaleGroup): the layer input (DeepEP's convention on
@@ -17,10 +18,18 @@ SCALE_GROUP = _constants()["kScaleGroup"]
 GROUP = SCALE_GROUP
 
 
+def _require_cuda(entry: str, x) -> None:
+    """A torch tensor off the GPU where torch has no CUDA device: NoCudaDeviceError naming `entry`
+    (not torch's AssertionError, nor a bare "expected a CUDA tensor"). CuPy inputs need no check."""
+    if A.is_torch(x) and not x.is_cuda:
+        require_cuda_device(entry)
+
+
 def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
-    """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128]).
-    out: optional preallocated (q, scales) of those shapes (contiguous), written and returned."""
+    """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128]); zero tokens
+    launch nothing. out: optional preallocated (q, scales) of those shapes (contiguous), written and returned."""
     LIB.require()
+    _require_cuda("fp4_gemm.quantize_fp8", x)
     if gran != GROUP:
         raise ValueError(f"gran: the CUDA quantiser supports gran={GROUP} only, got {gran}")
     xv = A.view(x, "x")
@@ -75,6 +84,7 @@ def prepare_weights(tw, device="cuda") -> PackedWeights:
     """TransformedWeights (fp4_gemm.numerics.transform_weights, [G, N, K/2]) -> PackedWeights on `device`."""
     import torch
     from .layout import pack_weights
+    require_cuda_device("fp4_gemm.ops.prepare_weights", device)
     codes, shift = tw.codes, tw.shift
     if codes.dim() == 2:
         codes, shift = codes[None], shift[None]
@@ -138,9 +148,11 @@ class _Problem:
         return self.counts.ptr if self.counts is not None else None
 
 
-def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, group_counts=None) -> _Problem:
+def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, group_counts=None,
+             entry: str = "fp4_gemm.ops.grouped_gemm") -> _Problem:
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
     require_abi(LIB)
+    _require_cuda(entry, x)
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None
@@ -249,7 +261,7 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
     if (w.n // 2) % L1_SCALE_GROUP:
         raise ValueError(f"w: the L1 epilogue needs an intermediate size (N / 2 = {w.n // 2}) that is a multiple of "
                          f"{L1_SCALE_GROUP} (one output scale per {L1_SCALE_GROUP} channels)")
-    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts)
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts, entry="fp4_gemm.ops.grouped_gemm_l1")
     tv = A.view(topk_w, "topk_w")
     A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
     if tuple(tv.shape) != p.lead:

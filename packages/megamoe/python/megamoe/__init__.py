@@ -5,5 +5,6 @@
 """
 from .weights import ExpertWeights, local_experts  # noqa: F401
 from .layer import MegaMoE  # noqa: F401
+from .checkpoint import CheckpointError, load_experts  # noqa: F401
 
-__all__ = ["MegaMoE", "ExpertWeights", "local_experts"]
+__all__ = ["MegaMoE", "ExpertWeights", "local_experts", "load_experts", "CheckpointError"]

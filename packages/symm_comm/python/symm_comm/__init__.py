@@ -8,7 +8,8 @@
 
 Device code (include/symm_comm/*.cuh) can be composed into other kernels; the standalone kernels
 live in libsymm_comm.so (plain C ABI, csrc/symm_api.h)."""
-from .errors import CudaUnavailableError, SymmCommError, SymmTimeoutError  # noqa: F401
+from ._native import KernelsNotBuiltError, NoCudaDeviceError, require_cuda_device  # noqa: F401
+from .errors import SymmCommError, SymmTimeoutError  # noqa: F401
 from .layout import REGIONS, compute_layout, describe, region_bytes  # noqa: F401
 
 

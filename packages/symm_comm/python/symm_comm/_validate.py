@@ -96,8 +96,8 @@ def check_combine(cfg: Config, expert_out: DevArray, masked: bool, num_tokens: i
 
 def check_buffer_args(num_ranks: int, num_experts: int, hidden: int, topk: int, max_tokens: int,
                       block_m: int, backend: str):
-    if backend not in ("torch", "nvshmem"):
-        raise ValueError(f"backend: expected 'torch' or 'nvshmem', got {backend!r}")
+    if backend not in ("torch", "nvshmem", "ipc"):
+        raise ValueError(f"backend: expected 'torch', 'nvshmem' or 'ipc' (several ranks per GPU), got {backend!r}")
     if num_experts < num_ranks or num_experts % num_ranks:
         raise ValueError(f"num_experts: {num_experts} must be a positive multiple of the rank count {num_ranks}")
     if hidden <= 0 or hidden % 128:

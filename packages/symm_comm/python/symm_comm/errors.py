@@ -12,17 +12,12 @@ class SymmCommError(RuntimeError):
             self.code, self.rank, self.phase, self.what, self.detail, self.epoch = words[:6]
 
 
-class CudaUnavailableError(RuntimeError):
-    """symm_comm needs a CUDA GPU and a CUDA build of torch; raised before anything is allocated."""
+from ._native import NoCudaDeviceError, require_cuda_device  # noqa: E402  (one error for every package)
 
 
 def require_cuda(what: str = "symm_comm.Buffer") -> None:
-    """Raise CudaUnavailableError (not torch's AssertionError) on a CPU-only torch or without a visible GPU."""
-    import torch
-    if not torch.cuda.is_available():
-        why = ("this torch is a CPU-only build" if torch.version.cuda is None else
-               "torch sees no CUDA device (CUDA_VISIBLE_DEVICES, driver)")
-        raise CudaUnavailableError(f"{what} needs a CUDA GPU (Hopper, sm_90a): {why}; torch {torch.__version__}")
+    """NoCudaDeviceError (not torch's AssertionError) on a CPU-only torch or without a visible GPU."""
+    require_cuda_device(what)
 
 
 class SymmTimeoutError(SymmCommError, TimeoutError):
