@@ -46,6 +46,8 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
     if out is None:
         q = A.empty_like_framework(xv, (T, H), "fp8")
         s = A.empty_like_framework(xv, (T, H // GROUP), "f32")
+        if T == 0:  # a rank with no tokens: empty outputs, nothing launched
+            return q, s
     else:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError("out: expected a (q, scales) pair")
@@ -151,8 +153,9 @@ class _Problem:
 def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, group_counts=None,
              entry: str = "fp4_gemm.ops.grouped_gemm") -> _Problem:
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
-    require_abi(LIB)
+    LIB.require()
     _require_cuda(entry, x)
+    require_abi(LIB)
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None
@@ -258,10 +261,10 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
         raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
     if not activation_clamp >= 0:
         raise ValueError(f"activation_clamp: must be >= 0 (inf for none), got {activation_clamp}")
+    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts, entry="fp4_gemm.ops.grouped_gemm_l1")
     if (w.n // 2) % L1_SCALE_GROUP:
         raise ValueError(f"w: the L1 epilogue needs an intermediate size (N / 2 = {w.n // 2}) that is a multiple of "
                          f"{L1_SCALE_GROUP} (one output scale per {L1_SCALE_GROUP} channels)")
-    p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts, entry="fp4_gemm.ops.grouped_gemm_l1")
     tv = A.view(topk_w, "topk_w")
     A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
     if tuple(tv.shape) != p.lead:

@@ -29,6 +29,19 @@ class ExpertWeights:
     w1: TransformedWeights  # [E_local, 2I, H], gate/up interleaved
     w2: TransformedWeights  # [E_local, H, I]
 
+    @property
+    def hidden(self) -> int:
+        return self.w2.codes.shape[-2]
+
+    @property
+    def intermediate(self) -> int:
+        return self.w2.codes.shape[-1] * 2
+
+    @property
+    def n_clamped(self) -> int:
+        """Weight groups the FP4 -> FP8 transform clamped (lossy), W1 and W2."""
+        return int(self.w1.n_clamped) + int(self.w2.n_clamped)
+
 
 @dataclass(frozen=True)
 class WeightShapes:
