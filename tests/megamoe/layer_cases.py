@@ -9,9 +9,26 @@ import os
 import numpy as np
 import torch
 
-WITHIN_ONE_ULP = 0.97  # fraction of output elements within one BF16 step of the reference
-REL_FRO = 5e-3         # relative Frobenius error bound
+# Two references, two bars.
+# 1. STAGE reference: float64 L2 GEMM + the slot-order combine on the layer's OWN L1 output (its FP8
+#    codes and scales, read back from the layer), i.e. the reference on the same quantised inputs at
+#    every stage. Bars: >= 97 % of elements within one BF16 step, relative Frobenius error <= 5e-3.
+#    The L1 stage itself is checked against the float64 recipe by the fp4_gemm tests (>= 98.5 % of
+#    its E4M3 codes equal, the rest one step off).
+# 2. END-TO-END reference: megamoe.reference.moe_reference (its own float64 L1 and FP8 re-quantisation).
+#    Measured on H200 (2026-12-01): 80-96 % within one BF16 step, 1.3-4.9e-3 relative. Why not 97 %:
+#    Hopper's FP8 tensor cores keep ~14 bits in their partial sums (every Hopper FP8 GEMM promotes per
+#    128 K for this reason), so gate / up land on the other side of a BF16 rounding in a few % of
+#    elements and ~1 % of the L1 E4M3 codes differ from the float64 recipe's by one step (up to 12 % of
+#    that element). Every L2 output sums I of them, so a token with a few flipped codes is off by
+#    ~1-2 BF16 steps in most of its channels. Bars: >= 70 % within one step, relative error <= 1e-2
+#    (a wrong expert, slot, scale or missing row gives errors of order 1).
+WITHIN_ONE_ULP = 0.97  # stage reference: fraction of output elements within one BF16 step
+REL_FRO = 5e-3         # stage reference: relative Frobenius error bound
+E2E_WITHIN = 0.70      # end-to-end reference (see above)
+E2E_REL = 1e-2
 FP8_NAN = 0x7F         # E4M3 (fn) NaN byte: poison for FP8 intermediates
+SCALE_GROUP = 128      # channels per FP8 scale of the L2 input (fp4_gemm.ops.SCALE_GROUP)
 
 
 def fresh_seed() -> int:
@@ -71,10 +88,56 @@ def metric(y: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"within": within, "rel": rel, "finite": finite, "n": y.numel()}
 
 
-def check_metric(m: dict, what: str) -> None:
+def check_metric(m: dict, what: str, stage: bool = False) -> None:
+    """End-to-end bars (vs moe_reference), or with stage=True the stage reference's (module comment)."""
+    within, rel = (WITHIN_ONE_ULP, REL_FRO) if stage else (E2E_WITHIN, E2E_REL)
+    what = f"{what} [{'stage' if stage else 'end-to-end'} reference]"
     assert m["finite"], f"{what}: output has NaN/inf ({m})"
-    assert m["within"] >= WITHIN_ONE_ULP, f"{what}: only {m['within']:.4f} of elements within one BF16 step ({m})"
-    assert m["rel"] <= REL_FRO, f"{what}: relative Frobenius error {m['rel']:.3e} > {REL_FRO} ({m})"
+    assert m["within"] >= within, f"{what}: only {m['within']:.4f} of elements within one BF16 step ({m})"
+    assert m["rel"] <= rel, f"{what}: relative Frobenius error {m['rel']:.3e} > {rel} ({m})"
+
+
+def stage_rows(layer, w2_deq: torch.Tensor) -> tuple:
+    """The layer's pool rows after a call, and their float64 L2 outputs from the layer's OWN L1 output:
+    (src_rank, token, k) int64 [n, 3], BF16 reference rows [n, H], the kernel's BF16 rows [n, H] (its
+    combine input). w2_deq: FP64 [E_local, H, I] of this rank's experts (megamoe.reference.MoEWeights)."""
+    from megamoe.reference import _scaled_matmul, _to_bf16
+    b = layer.buffer
+    offs, cnt = b.exp_offsets.cpu().tolist(), b.exp_counts.cpu().tolist()
+    row_src = b.row_src.cpu().long()
+    aq = layer._aq.view(torch.uint8).cpu().view(torch.float8_e4m3fn)
+    a_s = layer._a_s.cpu()
+    cin = b.combine_input().cpu()
+    T_max, K = b.max_tokens, b.topk
+    srcs, refs, kern = [], [], []
+    w2 = w2_deq.cpu()
+    for le in range(layer.num_local_experts):
+        r0, n = offs[le], cnt[le]
+        if n == 0:
+            continue
+        rows = slice(r0, r0 + n)
+        refs.append(_to_bf16(_scaled_matmul(aq[rows], a_s[rows], w2[le], SCALE_GROUP)))
+        kern.append(cin[rows])
+        rs = row_src[rows]
+        srcs.append(torch.stack([rs // K // T_max, (rs // K) % T_max, rs % K], dim=1))
+    if not srcs:
+        H = layer.hidden
+        return torch.zeros(0, 3, dtype=torch.int64), torch.zeros(0, H, dtype=torch.bfloat16), torch.zeros(0, H, dtype=torch.bfloat16)
+    return torch.cat(srcs), torch.cat(refs), torch.cat(kern)
+
+
+def stage_reference_y(layer, weights, idx) -> torch.Tensor:
+    """One rank (every row local): y from the stage reference rows, combined in slot order as the
+    reference combines (megamoe.reference._combine)."""
+    from megamoe.reference import _combine
+    idx = idx.cpu()
+    T, K = idx.shape
+    src, ref_rows, _ = stage_rows(layer, weights.w2_deq)
+    slots = torch.zeros(T, K, layer.hidden, dtype=torch.bfloat16)
+    if src.shape[0]:
+        assert (src[:, 0] == 0).all(), "one rank: every pool row comes from rank 0"
+        slots[src[:, 1], src[:, 2]] = ref_rows
+    return _combine(slots, idx >= 0)
 
 
 def poison(layer) -> None:

@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from layer_cases import check_metric, generator, make_inputs, metric, poison, why  # noqa: E402
+from layer_cases import check_metric, generator, make_inputs, metric, poison, stage_rows, why  # noqa: E402
 
 E, H, I, K, T_MAX = 16, 512, 256, 4, 64
 
@@ -175,7 +175,13 @@ def run_all(rank, world, comm, seed, scenarios, res):
         torch.cuda.synchronize()
         layer.check_errors()
         m = metric(y, _reference_rows(full, inputs, rank))
-        res["cases"][name] = m
+        # this rank's pool rows: the kernel's L2 output vs float64 L2 on its own L1 output (stage reference)
+        Lx = E // world
+        _, ref_rows, kern_rows = stage_rows(layer, full.w2_deq[rank * Lx:(rank + 1) * Lx])
+        ms = metric(kern_rows, ref_rows)
+        res["cases"][name] = dict(m, stage_rows=ms)
+        print(f"rank {rank}/{world} {name}: end-to-end {m}, stage rows {ms}", flush=True)
+        check_metric(ms, f"rank {rank}/{world} {name} pool rows (T per rank {Ts}), {why(seed)}", stage=True)
         check_metric(m, f"rank {rank}/{world} {name} (T per rank {Ts}), {why(seed)}")
 
     def step(name, fn):
