@@ -1,15 +1,22 @@
-"""megamoe benchmark CLI: time one MoE layer per tokens-per-rank setting against its floor.
+"""megamoe benchmark CLI: time the MoE layer per tokens-per-rank setting against its floor.
 
-    python -m megamoe.bench --preset tiny --tokens 1,16,128 --ranks 2
+    megamoe-bench                                   # GPU + built kernels: the staged layer, flash and pro
+    megamoe-bench --backend staged,torch-fp8,torch-bf16 --preset flash,pro --ranks 1
+    megamoe-bench --preset tiny --tokens 1,16,128 --ranks 2     # no GPU: the reference on 2 CPU ranks
 
 Each setting reports time, TFLOPS, HBM and NVLink bytes and the FLOOR = max(FLOPs / FP8 peak,
 HBM bytes / HBM bandwidth, NVLink bytes / peer bandwidth) with the term that binds (DESIGN.md
-section 6). The metric functions (count_flops, hbm_bytes, nvlink_bytes, floor_time, rank_costs)
-are the ones the GPU benchmarks import.
+section 6). On a GPU the time is CUDA-graph replay of whole layer calls (and, beside it, eager
+host-inclusive calls), the FP8 peak and HBM copy bandwidth are measured in the same run, the torch
+baselines (torch-fp8: torch._scaled_grouped_mm, torch-bf16: torch._grouped_mm; megamoe.baselines)
+run beside the layer, and JSON, markdown and a plot go to bench/results/. On CPU the floors are
+H200 ceilings, not this machine's, so floor columns read "n/a (no GPU)". The metric functions
+(count_flops, hbm_bytes, nvlink_bytes, floor_time, rank_costs) are the ones the GPU benchmarks import.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -17,8 +24,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover - torch is a required dependency; say so instead of a traceback
+    raise SystemExit("megamoe-bench needs PyTorch: pip install torch (any build >= 2.4; a CPU build runs "
+                     "the reference, a CUDA build the GPU layer)") from None
 from tqdm import tqdm
 
 from .reference import X_GRAN, make_weights, moe_reference_distributed, run_local_ranks
@@ -49,7 +60,7 @@ MX_GROUP = 32                        # weights per int8 shift
 WEIGHT_BITS = 4 + 8 / MX_GROUP       # E2M1 code + its share of the shift byte (row scales ~0)
 BF16_BYTES, FP32_BYTES = 2, 4
 MATMULS = 3                          # gate, up (2I rows of W1 = two H x I matmuls) and down
-BACKENDS = ("reference", "staged", "fused")
+BACKENDS = ("reference", "staged", "fused", "auto", "torch-fp8", "torch-bf16")
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -124,13 +135,67 @@ def _rank_tokens(tokens: int, H: int, seed: int, rank: int) -> torch.Tensor:
     return torch.randn(tokens, H, generator=gen).bfloat16()
 
 
-# --- timing (runs inside each rank) ---------------------------------------------------------------
+# --- backends -------------------------------------------------------------------------------------
 
-def _layer(backend: str):
-    if backend != "reference":
-        raise NotImplementedError(f"backend '{backend}' is not built yet (available: reference)")
-    return moe_reference_distributed
+NOT_BUILT = ("fused", "auto")
+TORCH_BASELINES = {"torch-fp8": "fp8", "torch-bf16": "bf16"}
+GPU_TOKENS, CPU_TOKENS = (1, 16, 128, 512, 2048, 8192), (1, 16, 128)
+TARGET_TOKENS = (1, 16)              # the issue's decode target: time <= 1.3 x HBM floor + 25 us
+TARGET_FACTOR, TARGET_SLACK_US = 1.3, 25.0
+NO_GPU = "n/a (no GPU)"
 
+
+def kernels_available() -> bool:
+    try:
+        from fp4_gemm._lib import LIB
+        return LIB.available()
+    except Exception:
+        return False
+
+
+def layer_available() -> bool:
+    try:
+        from . import MegaMoE, ExpertWeights  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def default_backend(cuda: bool) -> tuple[str, str]:
+    """(backend, why): staged where a CUDA GPU, the built kernels and the layer are all here."""
+    if not cuda:
+        return "reference", "no CUDA GPU: the reference layer runs on CPU ranks"
+    if not kernels_available():
+        return "reference", ("CUDA GPU found but the kernels are not built or not found "
+                             "(fp4_gemm._lib.LIB.available() is False): the reference layer runs instead")
+    if not layer_available():
+        return "reference", "CUDA GPU and kernels found but megamoe.MegaMoE is not in this checkout: the reference runs"
+    return "staged", "CUDA GPU with the built kernels: the staged layer runs on the GPU"
+
+
+def check_backends(backends: list[str], cuda: bool) -> None:
+    """ValueError with a clear reason for a backend that cannot run here."""
+    for b in backends:
+        if b not in BACKENDS:
+            raise ValueError(f"--backend: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
+        if b in NOT_BUILT:
+            raise ValueError(f"--backend: backend '{b}' is not built yet (available: reference, staged, "
+                             f"{', '.join(TORCH_BASELINES)})")
+        if b == "staged":
+            if not cuda:
+                raise ValueError("--backend staged needs a CUDA GPU")
+            if not kernels_available():
+                raise ValueError("--backend staged: the CUDA kernels are not built or not found "
+                                 "(set MEGAMOE_LIB_DIR=<build>/lib or pip install . with nvcc)")
+            if not layer_available():
+                raise ValueError("--backend staged: megamoe.MegaMoE is not in this checkout")
+        if b in TORCH_BASELINES and not cuda:
+            raise ValueError(f"--backend {b} needs a CUDA GPU (torch grouped GEMMs)")
+    if "reference" in backends and len(backends) > 1:
+        raise ValueError("--backend reference runs alone (wall-clock timing of the FP64 reference)")
+
+
+# --- reference timing (CPU or GPU ranks, wall clock) ----------------------------------------------
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -138,14 +203,13 @@ def _sync(device: torch.device) -> None:
 
 
 def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
-    """Median wall time per tokens setting; a barrier before and after each call makes rank 0's
-    clock cover the slowest rank."""
+    """Reference backend: median wall time per tokens setting; a barrier before and after each call
+    makes rank 0's clock cover the slowest rank."""
     shape = Shape(**cfg["shape"])
     device = torch.device("cuda", rank) if cfg["device_type"] == "cuda" else torch.device("cpu")
     per_rank = shape.E // world
     weights = make_weights(shape.E, shape.H, shape.I, seed=cfg["seed"], device=device,
                            experts=range(rank * per_rank, (rank + 1) * per_rank))
-    layer = _layer(cfg["backend"])
     calls = cfg["warmup"] + cfg["reps"]
     medians = []
     with tqdm(total=len(cfg["tokens"]) * calls, desc="megamoe-bench", disable=rank != 0,
@@ -160,7 +224,7 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
                 _sync(device)
                 dist.barrier()
                 t0 = time.perf_counter()
-                layer(x, idx, w, weights)
+                moe_reference_distributed(x, idx, w, weights)
                 _sync(device)
                 dist.barrier()
                 times.append(time.perf_counter() - t0)
@@ -169,20 +233,308 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
     return medians
 
 
-# --- CLI ------------------------------------------------------------------------------------------
+# --- GPU timing (staged layer and torch baselines) ------------------------------------------------
 
-def _parse_peaks(text: str | None) -> tuple[dict, list]:
-    """'fp8_tflops=1290,hbm_tbs=4.1' -> (peaks, names of the peaks left at their defaults)."""
-    peaks = dict(DEFAULT_PEAKS)
+INPUT_SETS = 2      # inputs rotated inside the graph and between eager calls
+GRAPH_BATCH = 2     # calls per graph (>= INPUT_SETS)
+
+
+def activation_bytes(backend: str, T: int, ranks: int, shape: Shape) -> int:
+    """Rough upper bound on one call's temporaries (HBM), per rank, for the memory check."""
+    P = T * shape.K * (ranks if ranks > 1 else 1)  # a rank may receive every rank's pairs at worst
+    rows = P + 15 * min(P, shape.E // ranks)
+    per = rows * (2 * shape.I * 2 + 4 * shape.I * 4 + 3 * shape.H) + P * shape.H * 6 + T * shape.H * 8
+    return INPUT_SETS * per
+
+
+def weight_bytes(backend: str, experts: int, shape: Shape) -> int:
+    from .baselines import dense_weight_bytes, fp4_weight_bytes
+    if backend in TORCH_BASELINES:
+        return dense_weight_bytes(TORCH_BASELINES[backend], experts, shape.H, shape.I)
+    return 2 * fp4_weight_bytes(experts, shape.H, shape.I)  # ours + the layer's packed copy
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[megamoe-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device):
+    """INPUT_SETS (x, topk_idx, topk_w) draws of this rank's tokens; set 0 is what the costs use."""
+    sets = []
+    for s in range(INPUT_SETS):
+        sd = seed + T + 7919 * s
+        idx, w = make_routing(world * T, shape, sd)
+        rows = slice(rank * T, (rank + 1) * T)
+        x = _rank_tokens(T, shape.H, sd, rank)
+        sets.append((x.to(device), idx[rows].to(device), w[rows].float().to(device)))
+    return sets
+
+
+def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device):
+    """A callable (x, topk_idx, topk_w) -> y for one backend, with its weights on `device`."""
+    per_rank = shape.E // world
+    experts = range(rank * per_rank, (rank + 1) * per_rank)
+    if backend == "staged":
+        from . import ExpertWeights, MegaMoE
+        from .baselines import make_fp4_experts
+        tw1, tw2 = make_fp4_experts(per_rank, shape.H, shape.I, device=device, seed=seed)
+        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, backend="staged")
+        if "topk" in inspect.signature(MegaMoE.__init__).parameters:
+            kwargs["topk"] = shape.K
+        layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
+        del tw1, tw2
+        layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream
+        return layer, True
+    from .baselines import make_dense_experts, torch_moe, torch_moe_distributed
+    W = make_dense_experts(TORCH_BASELINES[backend], shape.E, experts, shape.H, shape.I, device=device, seed=seed)
+    if world == 1:
+        return (lambda x, i, w: torch_moe(x, i, w, W)), True
+    return (lambda x, i, w: torch_moe_distributed(x, i, w, W, group)), False  # host splits: eager only
+
+
+def _gpu_rank(rank: int, world: int, cfg: dict) -> list[dict]:
+    """Every (preset, backend, tokens) case on this rank: {preset, backend, T, graph_s, eager_s, note}."""
+    from . import _timing
+    device = torch.device("cuda", rank) if cfg.get("device_type", "cuda") == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:  # CPU: only the tests run this path (torch-bf16 and a stand-in layer, fake timers)
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    group = dist.group.WORLD if world > 1 else None
+    out = []
+    for preset in cfg["presets"]:
+        shape = Shape(**cfg["shapes"][preset])
+        for backend in cfg["backends"]:
+            wbytes = weight_bytes(backend, shape.E // world, shape)
+            tokens, skipped = [], []
+            for T in cfg["tokens"]:
+                fits = wbytes + activation_bytes(backend, T, world, shape) < 0.9 * total
+                (tokens if fits else skipped).append(T)
+            for T in skipped:
+                out.append(dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None,
+                                note=f"skipped: needs ~{(wbytes + activation_bytes(backend, T, world, shape)) / 2**30:.0f} "
+                                     f"GiB of {total / 2**30:.0f} GiB"))
+            if not tokens:
+                continue
+            t0 = time.perf_counter()
+            try:
+                call, capturable = _build(backend, shape, world, rank, group, max(tokens), cfg["seed"], device)
+                _sync(device)
+            except Exception as e:  # report, don't hide: every row of this backend says what failed
+                note = f"build failed: {type(e).__name__}: {str(e)[:200]}"
+                _log(rank, f"{preset} {backend}: {note}")
+                out += [dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note=note) for T in tokens]
+                continue
+            _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
+            for T in tokens:
+                row = dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note="")
+                try:
+                    sets = _inputs(T, world, rank, shape, cfg["seed"], device)
+                    fns = [(lambda s=s: call(*s)) for s in sets]
+                    y = fns[0]()
+                    if not bool(torch.isfinite(y).all()):
+                        row["note"] = "non-finite output; "
+                    del y
+                    row["eager_s"] = _timing.time_cuda(fns, warmup=cfg["warmup"], reps=cfg["reps"], batch=GRAPH_BATCH)
+                    if capturable and not cfg["no_graph"]:
+                        row["graph_s"] = _timing.time_cuda_graph(fns, warmup=cfg["warmup"], reps=cfg["reps"], batch=GRAPH_BATCH)
+                        if row["graph_s"] is None:
+                            row["note"] += "graph capture failed: eager time only"
+                    elif not capturable:
+                        row["note"] += "eager only (host-known all_to_all splits)"
+                    del sets, fns
+                except Exception as e:
+                    row["note"] += f"failed: {type(e).__name__}: {str(e)[:200]}"
+                out.append(row)
+                g, e = row["graph_s"], row["eager_s"]
+                _log(rank, f"{preset} {backend} T={T}: graph {'-' if g is None else f'{g * 1e6:.1f}'} us, "
+                           f"eager {'-' if e is None else f'{e * 1e6:.1f}'} us {row['note']}")
+            del call
+            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+# --- rows, tables, files --------------------------------------------------------------------------
+
+def _parse_peaks(text: str | None) -> tuple[dict, dict]:
+    """'fp8_tflops=1290,hbm_tbs=4.1' -> (peaks, {key: value} given)."""
     given = {}
     for item in filter(None, (text or "").split(",")):
         key, _, value = item.partition("=")
         if key not in DEFAULT_PEAKS or not value:
             raise ValueError(f"--peaks: expected KEY=VALUE with KEY in {sorted(DEFAULT_PEAKS)}, got {item!r}")
         given[key] = float(value)
-    peaks.update(given)
-    return peaks, [k for k in DEFAULT_PEAKS if k not in given]
+    return {**DEFAULT_PEAKS, **given}, given
 
+
+def make_row(preset: str, backend: str, T: int, ranks: int, shape: Shape, seed: int, peaks: dict | None,
+             time_s: float | None, eager_s: float | None = None, note: str = "") -> dict:
+    """One result row. time_s is the primary time (CUDA-graph replay; eager when no graph), eager_s
+    the host-inclusive one. peaks None (no GPU): floor and ratio columns are None."""
+    idx, _ = make_routing(ranks * T, shape, seed + T)
+    costs = rank_costs(idx, ranks, shape)
+    row = {"preset": preset, "backend": backend, "tokens_per_rank": T, "pairs": sum(c.pairs for c in costs),
+           "time_us": None if time_s is None else time_s * 1e6,
+           "eager_us": None if eager_s is None else eager_s * 1e6,
+           "tflops_per_rank": None, "hbm_bytes": max(c.hbm for c in costs),
+           "nvlink_bytes": max(c.nvlink for c in costs), "floor_us": None, "bound": None,
+           "time_over_floor": None, "hbm_floor_us": None, "target_ok": None, "speedup_vs_torch_fp8": None,
+           "note": note}
+    if time_s:
+        row["tflops_per_rank"] = sum(c.flops for c in costs) / ranks / time_s / 1e12
+    if peaks is not None:
+        floor, bound = max(floor_time(c.flops, c.hbm, c.nvlink, peaks) for c in costs)
+        row.update(floor_us=floor * 1e6, bound=bound,
+                   hbm_floor_us=max(c.hbm for c in costs) / (peaks["hbm_tbs"] * 1e12) * 1e6)
+        if time_s:
+            row["time_over_floor"] = time_s / floor
+            if T in TARGET_TOKENS:
+                row["target_ok"] = row["time_us"] <= TARGET_FACTOR * row["hbm_floor_us"] + TARGET_SLACK_US
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_torch_fp8 = torch-fp8 time / this row's time, for non-baseline rows."""
+    base = {(r["preset"], r["tokens_per_rank"]): r["time_us"] for r in rows if r["backend"] == "torch-fp8"}
+    for r in rows:
+        b = base.get((r["preset"], r["tokens_per_rank"]))
+        if r["backend"] != "torch-fp8" and b and r["time_us"]:
+            r["speedup_vs_torch_fp8"] = b / r["time_us"]
+
+
+GPU_COLUMNS = (  # header, row key, format
+    ("preset", "preset", "{}"), ("backend", "backend", "{}"), ("tokens/rank", "tokens_per_rank", "{:d}"),
+    ("pairs", "pairs", "{:d}"), ("time us", "time_us", "{:.1f}"), ("timing", "timing", "{}"), ("eager us", "eager_us", "{:.1f}"),
+    ("TFLOPS/rank", "tflops_per_rank", "{:.1f}"), ("HBM MB", "hbm_bytes", "{:.1f}"),
+    ("NVLink MB", "nvlink_bytes", "{:.2f}"), ("floor us", "floor_us", "{:.1f}"), ("bound", "bound", "{}"),
+    ("time/floor", "time_over_floor", "{:.2f}"), ("HBM floor us", "hbm_floor_us", "{:.1f}"),
+    ("<=1.3xHBM+25us", "target_ok", "{}"), ("vs torch-fp8", "speedup_vs_torch_fp8", "{:.2f}x"),
+    ("note", "note", "{}"),
+)
+CPU_COLUMNS = (
+    ("tokens/rank", "tokens_per_rank", "{:d}"), ("pairs", "pairs", "{:d}"), ("time us", "time_us", "{:.1f}"),
+    ("TFLOPS/rank", "tflops_per_rank", "{:.4f}"), ("HBM MB", "hbm_bytes", "{:.3f}"),
+    ("NVLink MB", "nvlink_bytes", "{:.3f}"),
+)
+MB_KEYS = ("hbm_bytes", "nvlink_bytes")
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    v = row.get(key)
+    if v is None or v == "":
+        return "-"
+    if key == "target_ok":
+        return "pass" if v else "FAIL"
+    return fmt.format(v / 1e6 if key in MB_KEYS else v)
+
+
+def format_table(rows: list[dict], columns=GPU_COLUMNS, markdown: bool = True) -> str:
+    cells = [[h for h, _, _ in columns]] + [[_cell(r, k, f) for _, k, f in columns] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells[1:]])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+
+
+def _driver_version() -> str:
+    try:
+        import subprocess
+        out = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                      text=True, stderr=subprocess.DEVNULL, timeout=20)
+        return out.splitlines()[0].strip()
+    except Exception:
+        return "unknown"
+
+
+def _commit() -> str:
+    if os.environ.get("MEGAMOE_COMMIT"):
+        return os.environ["MEGAMOE_COMMIT"]
+    try:
+        import subprocess
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
+                                       stderr=subprocess.DEVNULL, timeout=20).strip()
+    except Exception:
+        return "unknown"
+
+
+def run_header(cuda: bool) -> dict:
+    """Where and what ran: commit, UTC date, GPU, driver, torch / CUDA versions."""
+    import datetime as dt
+    h = {"commit": _commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+         "torch": torch.__version__, "cuda": torch.version.cuda or "none", "device": "cuda" if cuda else "cpu"}
+    if cuda:
+        p = torch.cuda.get_device_properties(0)
+        h.update(gpu=p.name, gpus=torch.cuda.device_count(), sms=p.multi_processor_count, driver=_driver_version())
+    else:
+        h.update(gpu="none", gpus=0, driver="none")
+    return h
+
+
+def results_name(presets: list[str], ranks: int, head: dict) -> str:
+    return f"moe-{'-'.join(presets)}-{ranks}r-{head['date'][:10]}-{head['commit']}"
+
+
+def write_markdown(path, head: dict, rows: list[dict], notes: list[str], columns=GPU_COLUMNS) -> None:
+    lines = [f"# megamoe-bench — {head.get('gpu')} x{head.get('gpus')}, commit {head['commit']}, {head['date']}", ""]
+    lines += [f"- {k}: {v}" for k, v in head.items() if k not in ("commit", "date")]
+    lines += [f"- {n}" for n in notes] + ["", format_table(rows, columns), ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def plot_results(rows: list[dict], path) -> bool:
+    """PNG: time per call vs tokens per rank (log-log), one line per backend, the floor dashed, one
+    subplot per preset. False (nothing written) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        mine = [r for r in rows if r["preset"] == preset]
+        for backend in dict.fromkeys(r["backend"] for r in mine):
+            pts = [(r["tokens_per_rank"], r["time_us"]) for r in mine if r["backend"] == backend and r["time_us"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=backend)
+        floor = sorted({(r["tokens_per_rank"], r["floor_us"]) for r in mine if r["floor_us"]})
+        if floor:
+            ax.plot(*zip(*floor), "k--", label="floor")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per rank")
+        ax.set_ylabel("time per call (us)")
+        ax.set_title(preset)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_results(out_dir, name: str, head: dict, rows: list[dict], notes: list[str]) -> list[str]:
+    """<out_dir>/<name>.json, .md and .png (the plot where matplotlib is installed)."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, name)
+    with open(base + ".json", "w") as f:
+        json.dump({"header": head, "notes": notes, "rows": rows}, f, indent=1)
+    write_markdown(base + ".md", head, rows, notes)
+    written = [base + ".json", base + ".md"]
+    if plot_results(rows, base + ".png"):
+        written.append(base + ".png")
+    return written
+
+
+# --- CLI ------------------------------------------------------------------------------------------
 
 def _check_memory(shape: Shape, ranks: int, device_type: str) -> None:
     """The reference keeps every expert's FP64 dequantised weights: refuse what cannot fit."""
@@ -196,86 +548,187 @@ def _check_memory(shape: Shape, ranks: int, device_type: str) -> None:
                          f"{have / 2**30:.1f} GiB available; use a smaller preset or more ranks/GPUs")
 
 
-COLUMNS = (  # header, row key, format
-    ("tokens/rank", "tokens_per_rank", "{:d}"), ("pairs", "pairs", "{:d}"),
-    ("time us", "time_us", "{:.1f}"), ("TFLOPS/rank", "tflops_per_rank", "{:.4f}"),
-    ("HBM MB", "hbm_bytes", "{:.3f}"), ("NVLink MB", "nvlink_bytes", "{:.3f}"),
-    ("floor us", "floor_us", "{:.2f}"), ("bound", "bound", "{}"), ("time/floor", "time_over_floor", "{:.1f}"),
-)
-MB_KEYS = ("hbm_bytes", "nvlink_bytes")
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
 
 
-def _row(T: int, seconds: float, ranks: int, shape: Shape, seed: int, peaks: dict) -> dict:
-    idx, _ = make_routing(ranks * T, shape, seed + T)
-    costs = rank_costs(idx, ranks, shape)
-    floors = [floor_time(c.flops, c.hbm, c.nvlink, peaks) for c in costs]
-    floor, bound = max(floors)
-    return {"tokens_per_rank": T, "pairs": sum(c.pairs for c in costs), "time_us": seconds * 1e6,
-            "tflops_per_rank": sum(c.flops for c in costs) / ranks / seconds / 1e12,
-            "hbm_bytes": max(c.hbm for c in costs), "nvlink_bytes": max(c.nvlink for c in costs),
-            "floor_us": floor * 1e6, "bound": bound, "time_over_floor": seconds / floor}
+def _list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{what}: empty list")
+    return list(dict.fromkeys(items))
 
 
-def _print_table(rows: list) -> None:
-    cells = [[h for h, _, _ in COLUMNS]]
-    for row in rows:
-        cells.append([fmt.format(row[key] / 1e6 if key in MB_KEYS else row[key]) for _, key, fmt in COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    for r in cells:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+def build_parser(cuda: bool, gpus: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megamoe-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default=None,
+                   help=f"comma list of {', '.join(PRESETS)} (default: flash,pro with the staged layer, else tiny)")
+    p.add_argument("--tokens", default=None, help="tokens per rank, comma-separated (default: "
+                   f"{','.join(map(str, GPU_TOKENS))} on a GPU, {','.join(map(str, CPU_TOKENS))} on CPU)")
+    p.add_argument("--ranks", type=_int_at_least(1), default=gpus if cuda else 2,
+                   help="EP ranks (default: the number of GPUs, else 2 CPU processes)")
+    p.add_argument("--backend", default=None,
+                   help=f"comma list of {', '.join(BACKENDS)} (default: staged on a machine with a CUDA GPU "
+                        "and the built kernels, else reference)")
+    p.add_argument("--reps", type=_int_at_least(1), default=None,
+                   help="timed repetitions per setting, median reported (default 5 reference, 10 GPU)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=None, help="warm-up calls (default 1 reference, 3 GPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-graph", action="store_true", help="GPU: eager timing only (no CUDA-graph capture)")
+    p.add_argument("--peaks", help="ceilings to use instead of measuring them, e.g. fp8_tflops=1290,hbm_tbs=4.1,"
+                                   f"nvlink_gbs=370 (defaults {DEFAULT_PEAKS})")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--results", metavar="DIR", help="write moe-<presets>-<ranks>r-<date>-<commit>.{json,md,png} "
+                   "here (default on a GPU: bench/results if ./bench exists, else ./megamoe-results)")
+    return p
 
 
 def main(argv=None) -> None:
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="megamoe-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--tokens", default="1,16,128", help="tokens per rank, comma-separated")
-    p.add_argument("--ranks", type=int, default=torch.cuda.device_count() if cuda else 2,
-                   help="EP ranks (default: the number of GPUs, else 2 CPU processes)")
-    p.add_argument("--backend", choices=BACKENDS, default="reference")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per setting (median reported)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--peaks", help="measured ceilings, e.g. fp8_tflops=1290,hbm_tbs=4.1,nvlink_gbs=370 "
-                                   f"(defaults {DEFAULT_PEAKS}, not measured here)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    gpus = torch.cuda.device_count() if cuda else 0
+    p = build_parser(cuda, gpus)
     args = p.parse_args(argv)
-
-    shape = PRESETS[args.preset]
     try:
-        tokens = [int(t) for t in args.tokens.split(",")]
+        if args.backend is None:
+            backend, why = default_backend(cuda)
+            backends = [backend]
+        else:
+            backends = _list(args.backend, "--backend")
+            why = "chosen with --backend"
+        check_backends(backends, cuda)
+        gpu_mode = backends != ["reference"]
+        presets = _list(args.preset, "--preset") if args.preset else (["flash", "pro"] if gpu_mode else ["tiny"])
+        for name in presets:
+            if name not in PRESETS:
+                raise ValueError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        tokens = [int(t) for t in _list(args.tokens, "--tokens")] if args.tokens else \
+            list(GPU_TOKENS if gpu_mode else CPU_TOKENS)
         if min(tokens) < 1:
             raise ValueError(f"--tokens: every entry must be >= 1, got {args.tokens}")
-        peaks, defaulted = _parse_peaks(args.peaks)
-        _layer(args.backend)
-    except (ValueError, NotImplementedError) as e:
+        peaks, given = _parse_peaks(args.peaks)
+    except ValueError as e:
         p.error(str(e))
-    if args.ranks < 1 or shape.E % args.ranks:
-        p.error(f"--ranks {args.ranks} must divide the preset's {shape.E} experts")
-    if cuda and args.ranks > torch.cuda.device_count():
-        p.error(f"--ranks {args.ranks}: only {torch.cuda.device_count()} GPUs")
-    device_type = "cuda" if cuda else "cpu"
-    _check_memory(shape, args.ranks, device_type)
-
-    cfg = dict(shape=asdict(shape), tokens=tokens, backend=args.backend, seed=args.seed,
-               reps=args.reps, warmup=args.warmup, device_type=device_type)
-    medians = run_local_ranks(_bench_rank, args.ranks, cfg, device_type=device_type)[0]
-    rows = [_row(T, s, args.ranks, shape, args.seed, peaks) for T, s in zip(tokens, medians)]
-
-    print(f"megamoe-bench: preset {args.preset} (H {shape.H}, I {shape.I}, E {shape.E}, top-{shape.K}), "
-          f"{args.ranks} ranks ({'nccl, cuda' if cuda else 'gloo, cpu'}), backend {args.backend}")
-    print(f"peaks: FP8 {peaks['fp8_tflops']} TFLOPS, HBM {peaks['hbm_tbs']} TB/s, NVLink {peaks['nvlink_gbs']} "
-          "GB/s per direction" + (f"; DEFAULTS (DESIGN.md section 6), not measured in this run: "
-                                  f"{', '.join(defaulted)}" if defaulted else ""))
-    print(f"time: wall clock, median of {args.reps} calls after {args.warmup} warm-up, barrier before and "
-          "after each; HBM and NVLink: the busiest rank; floor: the slowest rank's")
-    _print_table(rows)
+    for name in presets:
+        if PRESETS[name].E % args.ranks:
+            p.error(f"--ranks {args.ranks} must divide preset {name}'s {PRESETS[name].E} experts")
+    if cuda and args.ranks > gpus:
+        p.error(f"--ranks {args.ranks}: only {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU)")
+    reps = args.reps or (10 if gpu_mode else 5)
+    warmup = args.warmup if args.warmup is not None else (3 if gpu_mode else 1)
+    head = run_header(cuda)
+    print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
+          f"({'nccl, cuda' if cuda else 'gloo, cpu'})")
+    if gpu_mode:
+        rows, notes = _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
+    else:
+        rows, notes = _main_reference(args, presets, tokens, reps, warmup, peaks, given, cuda, head)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "shape": asdict(shape), "ranks": args.ranks,
-                       "backend": args.backend, "device": device_type, "peaks": peaks,
-                       "peaks_defaulted": defaulted, "reps": args.reps, "warmup": args.warmup,
-                       "seed": args.seed, "rows": rows}, f, indent=2)
+            json.dump({"header": head, "presets": {n: asdict(PRESETS[n]) for n in presets}, "ranks": args.ranks,
+                       "backends": backends, "backend_reason": why, "peaks": peaks if (cuda or given) else None,
+                       "reps": reps, "warmup": warmup, "seed": args.seed, "notes": notes, "rows": rows}, f, indent=2)
+
+
+def _main_reference(args, presets, tokens, reps, warmup, peaks, given, cuda, head):
+    """The reference layer over CPU (gloo) or GPU (NCCL) ranks, wall clock."""
+    device_type = "cuda" if cuda else "cpu"
+    rows, notes = [], []
+    for name in presets:
+        shape = PRESETS[name]
+        _check_memory(shape, args.ranks, device_type)
+        cfg = dict(shape=asdict(shape), tokens=tokens, seed=args.seed, reps=reps, warmup=warmup,
+                   device_type=device_type)
+        medians = run_local_ranks(_bench_rank, args.ranks, cfg, device_type=device_type)[0]
+        use_peaks = peaks if cuda or given else None
+        mine = [make_row(name, "reference", T, args.ranks, shape, args.seed, use_peaks, s) for T, s in zip(tokens, medians)]
+        rows += mine
+        print(f"preset {name} (H {shape.H}, I {shape.I}, E {shape.E}, top-{shape.K}), backend reference")
+        print(f"time: wall clock, median of {reps} calls after {warmup} warm-up, barrier before and after each; "
+              "HBM and NVLink: the busiest rank")
+        if use_peaks is None:
+            notes.append(f"floor, time/floor: {NO_GPU}: the floors use H200 ceilings (DESIGN.md section 6), "
+                         "not this machine's; pass --peaks to compute them anyway")
+            print(notes[-1])
+            cols = CPU_COLUMNS
+        else:
+            notes.append(f"peaks: {peaks}" + ("" if set(given) == set(DEFAULT_PEAKS) else
+                                              f"; DEFAULTS (DESIGN.md section 6), not measured in this run: "
+                                              f"{', '.join(k for k in DEFAULT_PEAKS if k not in given)}"))
+            print(notes[-1])
+            cols = CPU_COLUMNS + (("floor us", "floor_us", "{:.2f}"), ("bound", "bound", "{}"),
+                                  ("time/floor", "time_over_floor", "{:.1f}"))
+        print(format_table(mine, cols, markdown=False))
+    if args.results:
+        for path in write_results(args.results, results_name(presets, args.ranks, head), head, rows, notes):
+            print(f"wrote {path}")
+    return rows, notes
+
+
+def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head):
+    from ._timing import measure_fp8_peak, measure_hbm_copy
+    notes = []
+    measured = {}
+    if "fp8_tflops" not in given:
+        measured["fp8_tflops"] = measure_fp8_peak() / 1e12
+    if "hbm_tbs" not in given:
+        measured["hbm_tbs"] = measure_hbm_copy() / 1e12
+    torch.cuda.empty_cache()
+    peaks = {**peaks, **measured}
+    head.update(peaks=peaks, peaks_measured=sorted(measured), peaks_given=sorted(given),
+                peaks_defaulted=sorted(k for k in DEFAULT_PEAKS if k not in measured and k not in given))
+    notes.append(f"peaks: FP8 {peaks['fp8_tflops']:.0f} TFLOPS (torch._scaled_mm 8192^3), HBM {peaks['hbm_tbs']:.2f} "
+                 f"TB/s (device copy), NVLink {peaks['nvlink_gbs']:.0f} GB/s; measured in this run: "
+                 f"{', '.join(sorted(measured)) or 'none'}; given: {', '.join(sorted(given)) or 'none'}; "
+                 f"defaults (DESIGN.md section 6): {', '.join(head['peaks_defaulted']) or 'none'}")
+    notes.append(f"time: CUDA-graph replay of {GRAPH_BATCH} layer calls rotating {INPUT_SETS} input sets, between "
+                 f"CUDA events, median of {reps} replays after {warmup} warm-up; eager: CUDA events around "
+                 f"{GRAPH_BATCH} back-to-back eager calls (host-inclusive), median of {reps}; max over ranks")
+    notes.append("floor = max(FLOPs / FP8 peak, HBM bytes of the MXFP4 layer / HBM copy bw, NVLink bytes / peer bw): "
+                 "the same floor for every backend (the torch baselines move 2x (FP8) or 4x (BF16) the weight bytes)")
+    notes.append(f"target (issue, {'-'.join(map(str, TARGET_TOKENS))} tokens): time <= {TARGET_FACTOR} x HBM floor + "
+                 f"{TARGET_SLACK_US:.0f} us")
+    for n in notes:
+        print(n)
+    cfg = dict(presets=presets, shapes={n: asdict(PRESETS[n]) for n in presets}, backends=backends, tokens=tokens,
+               seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph)
+    if args.ranks == 1:
+        per_rank = [_gpu_rank(0, 1, cfg)]
+    else:
+        per_rank = run_local_ranks(_gpu_rank, args.ranks, cfg, device_type="cuda")
+    rows = merge_ranks(per_rank, args.ranks, args.seed, peaks)
+    add_speedups(rows)
+    table = format_table(rows)
+    print(table)
+    out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
+    for path in write_results(out_dir, results_name(presets, args.ranks, head), head, rows, notes):
+        print(f"wrote {path}")
+    return rows, notes
+
+
+def merge_ranks(per_rank: list[list[dict]], ranks: int, seed: int, peaks: dict) -> list[dict]:
+    """Rank results -> rows: the slowest rank's times (a None anywhere -> None), notes joined."""
+    rows = []
+    for cases in zip(*per_rank):
+        c0 = cases[0]
+        def worst(key):
+            vals = [c[key] for c in cases]
+            return None if any(v is None for v in vals) else max(vals)
+        graph, eager = worst("graph_s"), worst("eager_s")
+        note = "; ".join(dict.fromkeys(c["note"] for c in cases if c["note"]))
+        shape = PRESETS[c0["preset"]]
+        row = make_row(c0["preset"], c0["backend"], c0["T"], ranks, shape, seed, peaks,
+                       graph if graph is not None else eager, eager, note)
+        row["timing"] = "graph" if graph is not None else ("eager" if eager is not None else "none")
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":
