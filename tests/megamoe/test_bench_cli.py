@@ -67,9 +67,34 @@ def test_peaks_given_on_cpu_give_floors():
     (("--ranks", "3"), "must divide"),
     (("--peaks", "fp8=3"), "--peaks"),
 ])
-def test_argument_errors_are_clear(args, message):
-    r = _bench(*args)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+def test_argument_errors_are_clear(args, message, monkeypatch, capsys):
+    import torch
+    from megamoe.bench import main
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, even on a GPU host
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err, err
+
+
+def test_default_backend_says_why(monkeypatch):
+    from megamoe import bench
+    assert bench.default_backend(False) == ("reference", bench.default_backend(False)[1])
+    assert "no CUDA GPU" in bench.default_backend(False)[1]
+    monkeypatch.setattr(bench, "kernels_available", lambda: False)
+    backend, why = bench.default_backend(True)
+    assert backend == "reference" and "not built" in why
+    monkeypatch.setattr(bench, "kernels_available", lambda: True)
+    monkeypatch.setattr(bench, "layer_available", lambda: True)
+    assert bench.default_backend(True)[0] == "staged"
+
+
+def test_rows_sorted_by_preset_tokens_backend():
+    from megamoe.bench import sort_rows
+    rows = [dict(preset=p, tokens_per_rank=t, backend=b) for b in ("torch-fp8", "staged") for p in ("pro", "flash")
+            for t in (16, 1)]
+    got = [(r["preset"], r["tokens_per_rank"], r["backend"]) for r in sort_rows(rows, ["staged", "torch-fp8"], ["flash", "pro"])]
+    assert got[:4] == [("flash", 1, "staged"), ("flash", 1, "torch-fp8"), ("flash", 16, "staged"), ("flash", 16, "torch-fp8")]
 
 
 def test_rank_costs_by_hand():
@@ -222,3 +247,68 @@ def test_gpu_case_loop_reports_a_failed_build(monkeypatch):
                tokens=[1, 2], seed=0, reps=1, warmup=0, no_graph=True, device_type="cpu")
     cases = _gpu_rank(0, 1, cfg)
     assert len(cases) == 2 and all("build failed: RuntimeError: kernel not found" in c["note"] for c in cases)
+
+
+def test_gpu_main_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
+    """main() down the GPU path (peaks, every backend x preset x tokens, merge, speed-ups, table,
+    JSON / markdown files) with CPU tensors: a stand-in layer, torch-bf16 for real, fake timers and
+    ceilings. Checks the plumbing the GPU run depends on, not any number."""
+    import torch
+    import megamoe
+    from megamoe import _timing, bench
+
+    class FakeLayer:
+        def __init__(self, weights, *, max_tokens_per_rank, topk, group=None, backend="staged"):
+            self.check_ids = True
+
+        def __call__(self, x, topk_idx, topk_w):
+            return x.clone()
+
+    monkeypatch.setattr(megamoe, "MegaMoE", FakeLayer, raising=False)
+    monkeypatch.setattr(megamoe, "ExpertWeights", lambda **k: k, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(bench, "kernels_available", lambda: True)
+    monkeypatch.setattr(bench, "GPU_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(bench, "run_header", lambda cuda: {"commit": "c0ffee0", "date": "2026-12-01T22:00:00+00:00",
+                                                          "gpu": "fake", "gpus": 1, "driver": "x", "torch": "t",
+                                                          "cuda": "13", "device": "cuda"})
+    monkeypatch.setattr(_timing, "measure_fp8_peak", lambda: 1.0e15)
+    monkeypatch.setattr(_timing, "measure_hbm_copy", lambda: 4.0e12)
+    # "torch-fp8" cannot run on CPU: its stand-in here is the BF16 baseline under the FP8 name
+    monkeypatch.setitem(bench.TORCH_BASELINES, "torch-fp8", "bf16")
+    times = {"staged": 1e-4, "torch-fp8": 3e-4, "torch-bf16": 5e-4}
+
+    def timer(kind):
+        def run(fns, **kw):
+            for f in fns:
+                assert f().dtype == torch.bfloat16
+            return times[current["backend"]] * (1 if kind == "graph" else 2)
+        return run
+
+    current = {}
+    real_build = bench._build
+
+    def build(backend, *a, **k):
+        current["backend"] = backend
+        return real_build(backend, *a, **k)
+
+    monkeypatch.setattr(bench, "_build", build)
+    monkeypatch.setattr(_timing, "time_cuda", timer("eager"))
+    monkeypatch.setattr(_timing, "time_cuda_graph", timer("graph"))
+    bench.main(["--backend", "torch-fp8,torch-bf16,staged", "--preset", "tiny", "--tokens", "1,16,64",
+                "--ranks", "1", "--reps", "2", "--warmup", "0", "--results", str(tmp_path)])
+    out = capsys.readouterr()
+    assert "peaks: FP8 1000 TFLOPS" in out.out and "HBM 4.00 TB/s" in out.out
+    assert "| tiny | staged | 1 |" in out.out and "3.00x" in out.out
+    assert "[megamoe-bench] tiny staged T=1: graph 100.0 us, eager 200.0 us" in out.err
+    data = json.loads((tmp_path / "moe-tiny-1r-2026-12-01-c0ffee0.json").read_text())
+    rows = data["rows"]
+    assert [(r["tokens_per_rank"], r["backend"]) for r in rows][:3] == [(1, "torch-fp8"), (1, "torch-bf16"), (1, "staged")]
+    staged = [r for r in rows if r["backend"] == "staged"]
+    assert all(r["speedup_vs_torch_fp8"] == pytest.approx(3.0) and r["timing"] == "graph" for r in staged)
+    assert [r["target_ok"] is not None for r in staged] == [True, True, False]
+    assert data["header"]["peaks"]["fp8_tflops"] == pytest.approx(1000.0)
+    assert data["header"]["peaks_defaulted"] == ["nvlink_gbs"]
+    assert "PARTIAL" not in " ".join(data["notes"])
+    assert (tmp_path / "moe-tiny-1r-2026-12-01-c0ffee0.md").read_text().count("| tiny |") == 9

@@ -140,7 +140,7 @@ def _rank_tokens(tokens: int, H: int, seed: int, rank: int) -> torch.Tensor:
 NOT_BUILT = ("fused", "auto")
 TORCH_BASELINES = {"torch-fp8": "fp8", "torch-bf16": "bf16"}
 GPU_TOKENS, CPU_TOKENS = (1, 16, 128, 512, 2048, 8192), (1, 16, 128)
-TARGET_TOKENS = (1, 16)              # the issue's decode target: time <= 1.3 x HBM floor + 25 us
+TARGET_TOKENS = (1, 16)              # the issue's decode target (1..16 tokens): time <= 1.3 x HBM floor + 25 us
 TARGET_FACTOR, TARGET_SLACK_US = 1.3, 25.0
 NO_GPU = "n/a (no GPU)"
 
@@ -236,6 +236,7 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
 # --- GPU timing (staged layer and torch baselines) ------------------------------------------------
 
 INPUT_SETS = 2      # inputs rotated inside the graph and between eager calls
+GPU_DEVICE_TYPE = "cuda"  # the tests run the GPU flow on CPU tensors by setting "cpu"
 GRAPH_BATCH = 2     # calls per graph (>= INPUT_SETS)
 
 
@@ -259,16 +260,21 @@ def _log(rank: int, msg: str) -> None:
         print(f"[megamoe-bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device):
-    """INPUT_SETS (x, topk_idx, topk_w) draws of this rank's tokens; set 0 is what the costs use."""
-    sets = []
-    for s in range(INPUT_SETS):
-        sd = seed + T + 7919 * s
-        idx, w = make_routing(world * T, shape, sd)
-        rows = slice(rank * T, (rank + 1) * T)
-        x = _rank_tokens(T, shape.H, sd, rank)
-        sets.append((x.to(device), idx[rows].to(device), w[rows].float().to(device)))
-    return sets
+def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device, cache: dict | None = None):
+    """INPUT_SETS (x, topk_idx, topk_w) draws of this rank's tokens; set 0 is what the costs use.
+    Host-side draws are kept in `cache` (reused by every backend)."""
+    key = (shape, T)
+    if cache is None or key not in cache:
+        sets = []
+        for s in range(INPUT_SETS):
+            sd = seed + T + 7919 * s
+            idx, w = make_routing(world * T, shape, sd)
+            rows = slice(rank * T, (rank + 1) * T)
+            sets.append((_rank_tokens(T, shape.H, sd, rank), idx[rows].contiguous(), w[rows].float().contiguous()))
+        if cache is None:
+            return [tuple(t.to(device) for t in st) for st in sets]
+        cache[key] = sets
+    return [tuple(t.to(device) for t in st) for st in cache[key]]
 
 
 def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device):
@@ -293,8 +299,10 @@ def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens:
     return (lambda x, i, w: torch_moe_distributed(x, i, w, W, group)), False  # host splits: eager only
 
 
-def _gpu_rank(rank: int, world: int, cfg: dict) -> list[dict]:
-    """Every (preset, backend, tokens) case on this rank: {preset, backend, T, graph_s, eager_s, note}."""
+def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
+    """Every (backend, preset, tokens) case on this rank: {preset, backend, T, graph_s, eager_s, note}.
+    Backends run in the order given, each over all presets (so a backend listed last cannot spoil the
+    ones before it, e.g. by a sticky CUDA error); progress(cases so far) after each (backend, preset)."""
     from . import _timing
     device = torch.device("cuda", rank) if cfg.get("device_type", "cuda") == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -303,10 +311,10 @@ def _gpu_rank(rank: int, world: int, cfg: dict) -> list[dict]:
     else:  # CPU: only the tests run this path (torch-bf16 and a stand-in layer, fake timers)
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     group = dist.group.WORLD if world > 1 else None
-    out = []
-    for preset in cfg["presets"]:
-        shape = Shape(**cfg["shapes"][preset])
-        for backend in cfg["backends"]:
+    out, cache = [], {}
+    for backend in cfg["backends"]:
+        for preset in cfg["presets"]:
+            shape = Shape(**cfg["shapes"][preset])
             wbytes = weight_bytes(backend, shape.E // world, shape)
             tokens, skipped = [], []
             for T in cfg["tokens"]:
@@ -316,22 +324,22 @@ def _gpu_rank(rank: int, world: int, cfg: dict) -> list[dict]:
                 out.append(dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None,
                                 note=f"skipped: needs ~{(wbytes + activation_bytes(backend, T, world, shape)) / 2**30:.0f} "
                                      f"GiB of {total / 2**30:.0f} GiB"))
-            if not tokens:
-                continue
             t0 = time.perf_counter()
+            call = None
             try:
-                call, capturable = _build(backend, shape, world, rank, group, max(tokens), cfg["seed"], device)
-                _sync(device)
+                if tokens:
+                    call, capturable = _build(backend, shape, world, rank, group, max(tokens), cfg["seed"], device)
+                    _sync(device)
+                    _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
             except Exception as e:  # report, don't hide: every row of this backend says what failed
                 note = f"build failed: {type(e).__name__}: {str(e)[:200]}"
                 _log(rank, f"{preset} {backend}: {note}")
                 out += [dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note=note) for T in tokens]
-                continue
-            _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
+                tokens = []
             for T in tokens:
                 row = dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note="")
                 try:
-                    sets = _inputs(T, world, rank, shape, cfg["seed"], device)
+                    sets = _inputs(T, world, rank, shape, cfg["seed"], device, cache)
                     fns = [(lambda s=s: call(*s)) for s in sets]
                     y = fns[0]()
                     if not bool(torch.isfinite(y).all()):
@@ -355,6 +363,8 @@ def _gpu_rank(rank: int, world: int, cfg: dict) -> list[dict]:
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            if progress is not None:
+                progress(out)
     return out
 
 
@@ -392,7 +402,7 @@ def make_row(preset: str, backend: str, T: int, ranks: int, shape: Shape, seed: 
                    hbm_floor_us=max(c.hbm for c in costs) / (peaks["hbm_tbs"] * 1e12) * 1e6)
         if time_s:
             row["time_over_floor"] = time_s / floor
-            if T in TARGET_TOKENS:
+            if TARGET_TOKENS[0] <= T <= TARGET_TOKENS[1]:
                 row["target_ok"] = row["time_us"] <= TARGET_FACTOR * row["hbm_floor_us"] + TARGET_SLACK_US
     return row
 
@@ -521,15 +531,15 @@ def plot_results(rows: list[dict], path) -> bool:
     return True
 
 
-def write_results(out_dir, name: str, head: dict, rows: list[dict], notes: list[str]) -> list[str]:
-    """<out_dir>/<name>.json, .md and .png (the plot where matplotlib is installed)."""
+def write_results(out_dir, name: str, head: dict, rows: list[dict], notes: list[str], plot: bool = True) -> list[str]:
+    """<out_dir>/<name>.json, .md and (plot, where matplotlib is installed) .png."""
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, name)
     with open(base + ".json", "w") as f:
         json.dump({"header": head, "notes": notes, "rows": rows}, f, indent=1)
     write_markdown(base + ".md", head, rows, notes)
     written = [base + ".json", base + ".md"]
-    if plot_results(rows, base + ".png"):
+    if plot and plot_results(rows, base + ".png"):
         written.append(base + ".png")
     return written
 
@@ -633,7 +643,8 @@ def main(argv=None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": head, "presets": {n: asdict(PRESETS[n]) for n in presets}, "ranks": args.ranks,
-                       "backends": backends, "backend_reason": why, "peaks": peaks if (cuda or given) else None,
+                       "backends": backends, "backend_reason": why,
+                       "peaks": head.get("peaks") or (peaks if (cuda or given) else None),
                        "reps": reps, "warmup": warmup, "seed": args.seed, "notes": notes, "rows": rows}, f, indent=2)
 
 
@@ -698,19 +709,30 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     for n in notes:
         print(n)
     cfg = dict(presets=presets, shapes={n: asdict(PRESETS[n]) for n in presets}, backends=backends, tokens=tokens,
-               seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph)
-    if args.ranks == 1:
-        per_rank = [_gpu_rank(0, 1, cfg)]
+               seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph, device_type=GPU_DEVICE_TYPE)
+    out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
+    name = results_name(presets, args.ranks, head)
+
+    def finish(per_rank, final):
+        rows = sort_rows(merge_ranks(per_rank, args.ranks, args.seed, peaks), backends, presets)
+        add_speedups(rows)
+        return rows, write_results(out_dir, name, head, rows, notes + ([] if final else ["PARTIAL: the run did not finish"]),
+                                   plot=final)
+
+    if args.ranks == 1:  # in this process: partial results are on disk after every (backend, preset)
+        per_rank = [_gpu_rank(0, 1, cfg, progress=lambda cases: finish([cases], False))]
     else:
         per_rank = run_local_ranks(_gpu_rank, args.ranks, cfg, device_type="cuda")
-    rows = merge_ranks(per_rank, args.ranks, args.seed, peaks)
-    add_speedups(rows)
-    table = format_table(rows)
-    print(table)
-    out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
-    for path in write_results(out_dir, results_name(presets, args.ranks, head), head, rows, notes):
+    rows, written = finish(per_rank, True)
+    print(format_table(rows))
+    for path in written:
         print(f"wrote {path}")
     return rows, notes
+
+
+def sort_rows(rows: list[dict], backends: list[str], presets: list[str]) -> list[dict]:
+    """Rows by preset, tokens, then backend in the order given."""
+    return sorted(rows, key=lambda r: (presets.index(r["preset"]), r["tokens_per_rank"], backends.index(r["backend"])))
 
 
 def merge_ranks(per_rank: list[list[dict]], ranks: int, seed: int, peaks: dict) -> list[dict]:
