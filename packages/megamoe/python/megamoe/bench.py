@@ -157,7 +157,7 @@ def layer_available() -> bool:
     try:
         from . import MegaMoE, ExpertWeights  # noqa: F401
         return True
-    except ImportError:
+    except Exception:  # ImportError, or whatever the layer's import raised: then it is not usable here
         return False
 
 
@@ -278,7 +278,9 @@ def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device, cach
 
 
 def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device):
-    """A callable (x, topk_idx, topk_w) -> y for one backend, with its weights on `device`."""
+    """(call, capturable, check_errors, close) for one backend, its weights on `device`: call(x, topk_idx,
+    topk_w) -> y; check_errors() raises a device-side error the layer recorded; close() frees it
+    (the layer stays registered for its custom op until destroyed). The last two may be None."""
     per_rank = shape.E // world
     experts = range(rank * per_rank, (rank + 1) * per_rank)
     if backend == "staged":
@@ -291,12 +293,12 @@ def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens:
         layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
         del tw1, tw2
         layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream
-        return layer, True
+        return layer, True, getattr(layer, "check_errors", None), getattr(layer, "destroy", None)
     from .baselines import make_dense_experts, torch_moe, torch_moe_distributed
     W = make_dense_experts(TORCH_BASELINES[backend], shape.E, experts, shape.H, shape.I, device=device, seed=seed)
     if world == 1:
-        return (lambda x, i, w: torch_moe(x, i, w, W)), True
-    return (lambda x, i, w: torch_moe_distributed(x, i, w, W, group)), False  # host splits: eager only
+        return (lambda x, i, w: torch_moe(x, i, w, W)), True, None, None
+    return (lambda x, i, w: torch_moe_distributed(x, i, w, W, group)), False, None, None  # host splits: eager only
 
 
 def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
@@ -325,10 +327,11 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
                                 note=f"skipped: needs ~{(wbytes + activation_bytes(backend, T, world, shape)) / 2**30:.0f} "
                                      f"GiB of {total / 2**30:.0f} GiB"))
             t0 = time.perf_counter()
-            call = None
+            call = check = close = None
             try:
                 if tokens:
-                    call, capturable = _build(backend, shape, world, rank, group, max(tokens), cfg["seed"], device)
+                    call, capturable, check, close = _build(backend, shape, world, rank, group, max(tokens),
+                                                            cfg["seed"], device)
                     _sync(device)
                     _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
             except Exception as e:  # report, don't hide: every row of this backend says what failed
@@ -353,13 +356,20 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
                     elif not capturable:
                         row["note"] += "eager only (host-known all_to_all splits)"
                     del sets, fns
+                    if check is not None:
+                        check()
                 except Exception as e:
                     row["note"] += f"failed: {type(e).__name__}: {str(e)[:200]}"
                 out.append(row)
                 g, e = row["graph_s"], row["eager_s"]
                 _log(rank, f"{preset} {backend} T={T}: graph {'-' if g is None else f'{g * 1e6:.1f}'} us, "
                            f"eager {'-' if e is None else f'{e * 1e6:.1f}'} us {row['note']}")
-            del call
+            if call is not None and close is not None:
+                try:
+                    close()
+                except Exception as e:
+                    _log(rank, f"{preset} {backend}: close failed: {type(e).__name__}: {str(e)[:200]}")
+            call = check = close = None
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
