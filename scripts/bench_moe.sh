@@ -5,9 +5,12 @@
 # and are copied to $OUT with the log. Under 5 minutes on one H200; a hard stop at BENCH_TIMEOUT
 # seconds (default 290) still leaves the partial results written after every (backend, preset).
 #   scripts/bench_moe.sh [extra megamoe-bench arguments, e.g. --reps 20]
+#   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT (default: git, else "unknown"; names the
+#        result files), BACKENDS, PRESETS, TOKENS, RANKS (1), REPS (10), WARMUP (3), BENCH_TIMEOUT (290)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
+export MEGAMOE_COMMIT="${MEGAMOE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # baselines first: a sticky CUDA error in the layer under test cannot cost their numbers
 BACKENDS="${BACKENDS:-torch-fp8,torch-bf16,staged}"
 PRESETS="${PRESETS:-flash,pro}"

@@ -113,3 +113,28 @@ def test_weight_byte_estimates_match_allocations():
     tw1, tw2 = B.make_fp4_experts(2, 256, 128, device="cpu")
     got = sum(t.numel() * t.element_size() for tw in (tw1, tw2) for t in (tw.codes, tw.shift, tw.row_scale))
     assert got == B.fp4_weight_bytes(2, 256, 128)
+
+
+def _dist_worker(rank, world, seed):
+    """torch-bf16 over `world` gloo ranks: this rank's experts and tokens."""
+    E, H, I, T, K = 8, 256, 128, 5, 3
+    per = E // world
+    full = B.make_dense_experts("bf16", E, range(E), H, I, device="cpu", seed=seed)
+    W = B.DenseExperts("bf16", E, range(rank * per, (rank + 1) * per), full.w1[rank * per:(rank + 1) * per],
+                       full.w2[rank * per:(rank + 1) * per])
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(world * T, H, generator=g).bfloat16()
+    idx, w = _routing(world * T, K, E, seed)
+    rows = slice(rank * T, (rank + 1) * T)
+    return B.torch_moe_distributed(x[rows], idx[rows], w[rows], W)
+
+
+def test_torch_bf16_distributed_matches_single_rank():
+    from megamoe.reference import run_local_ranks
+    world, E, H, I, T, K = 2, 8, 256, 128, 5, 3
+    y_dist = torch.cat(run_local_ranks(_dist_worker, world, 0))
+    full = B.make_dense_experts("bf16", E, range(E), H, I, device="cpu", seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(world * T, H, generator=g).bfloat16()
+    idx, w = _routing(world * T, K, E, 0)
+    torch.testing.assert_close(y_dist.float(), B.torch_moe(x, idx, w, full).float(), atol=0.02, rtol=0.02)
