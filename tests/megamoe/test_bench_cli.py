@@ -312,3 +312,11 @@ def test_gpu_main_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
     assert data["header"]["peaks_defaulted"] == ["nvlink_gbs"]
     assert "PARTIAL" not in " ".join(data["notes"])
     assert (tmp_path / "moe-tiny-1r-2026-12-01-c0ffee0.md").read_text().count("| tiny |") == 9
+
+
+def test_speedup_is_like_for_like():
+    from megamoe.bench import add_speedups
+    rows = [dict(preset="flash", tokens_per_rank=1, backend="torch-fp8", time_us=300.0, eager_us=300.0, timing="eager"),
+            dict(preset="flash", tokens_per_rank=1, backend="staged", time_us=50.0, eager_us=100.0, timing="graph")]
+    add_speedups(rows)
+    assert rows[1]["speedup_vs_torch_fp8"] == pytest.approx(3.0)  # eager vs eager: the baseline had no graph

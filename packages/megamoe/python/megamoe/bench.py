@@ -418,12 +418,16 @@ def make_row(preset: str, backend: str, T: int, ranks: int, shape: Shape, seed: 
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_torch_fp8 = torch-fp8 time / this row's time, for non-baseline rows."""
-    base = {(r["preset"], r["tokens_per_rank"]): r["time_us"] for r in rows if r["backend"] == "torch-fp8"}
+    """speedup_vs_torch_fp8 = torch-fp8 time / this row's time, for non-baseline rows: like for like
+    (graph vs graph; eager vs eager where either row has no graph time)."""
+    base = {(r["preset"], r["tokens_per_rank"]): r for r in rows if r["backend"] == "torch-fp8"}
     for r in rows:
         b = base.get((r["preset"], r["tokens_per_rank"]))
-        if r["backend"] != "torch-fp8" and b and r["time_us"]:
-            r["speedup_vs_torch_fp8"] = b / r["time_us"]
+        if r["backend"] == "torch-fp8" or b is None:
+            continue
+        key = "time_us" if r.get("timing", "graph") == b.get("timing", "graph") else "eager_us"
+        if b.get(key) and r.get(key):
+            r["speedup_vs_torch_fp8"] = b[key] / r[key]
 
 
 GPU_COLUMNS = (  # header, row key, format
