@@ -553,8 +553,11 @@ def write_results(out_dir, name: str, head: dict, rows: list[dict], notes: list[
         json.dump({"header": head, "notes": notes, "rows": rows}, f, indent=1)
     write_markdown(base + ".md", head, rows, notes)
     written = [base + ".json", base + ".md"]
-    if plot and plot_results(rows, base + ".png"):
-        written.append(base + ".png")
+    try:
+        if plot and plot_results(rows, base + ".png"):
+            written.append(base + ".png")
+    except Exception as e:  # the plot is a convenience: the JSON and markdown are written already
+        print(f"megamoe-bench: no plot ({type(e).__name__}: {e})", file=sys.stderr)
     return written
 
 
@@ -701,10 +704,12 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     from ._timing import measure_fp8_peak, measure_hbm_copy
     notes = []
     measured = {}
-    if "fp8_tflops" not in given:
-        measured["fp8_tflops"] = measure_fp8_peak() / 1e12
-    if "hbm_tbs" not in given:
-        measured["hbm_tbs"] = measure_hbm_copy() / 1e12
+    for key, measure, scale in (("fp8_tflops", measure_fp8_peak, 1e12), ("hbm_tbs", measure_hbm_copy, 1e12)):
+        if key not in given:
+            try:
+                measured[key] = measure() / scale
+            except Exception as e:  # a ceiling that cannot be measured falls back to its default, and says so
+                notes.append(f"could not measure {key} ({type(e).__name__}: {str(e)[:160]}): default used")
     torch.cuda.empty_cache()
     peaks = {**peaks, **measured}
     head.update(peaks=peaks, peaks_measured=sorted(measured), peaks_given=sorted(given),
@@ -727,19 +732,24 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
     name = results_name(presets, args.ranks, head)
 
-    def finish(per_rank, final):
+    def rows_of(per_rank):
         rows = sort_rows(merge_ranks(per_rank, args.ranks, args.seed, peaks), backends, presets)
         add_speedups(rows)
-        return rows, write_results(out_dir, name, head, rows, notes + ([] if final else ["PARTIAL: the run did not finish"]),
-                                   plot=final)
+        return rows
+
+    def partial(cases):
+        try:
+            write_results(out_dir, name, head, rows_of([cases]), notes + ["PARTIAL: the run did not finish"], plot=False)
+        except Exception as e:  # never lose the run to a results file
+            _log(0, f"could not write partial results: {type(e).__name__}: {e}")
 
     if args.ranks == 1:  # in this process: partial results are on disk after every (backend, preset)
-        per_rank = [_gpu_rank(0, 1, cfg, progress=lambda cases: finish([cases], False))]
+        per_rank = [_gpu_rank(0, 1, cfg, progress=partial)]
     else:
         per_rank = run_local_ranks(_gpu_rank, args.ranks, cfg, device_type="cuda")
-    rows, written = finish(per_rank, True)
+    rows = rows_of(per_rank)
     print(format_table(rows))
-    for path in written:
+    for path in write_results(out_dir, name, head, rows, notes):
         print(f"wrote {path}")
     return rows, notes
 
