@@ -320,3 +320,23 @@ def test_speedup_is_like_for_like():
             dict(preset="flash", tokens_per_rank=1, backend="staged", time_us=50.0, eager_us=100.0, timing="graph")]
     add_speedups(rows)
     assert rows[1]["speedup_vs_torch_fp8"] == pytest.approx(3.0)  # eager vs eager: the baseline had no graph
+
+
+def _multi_rank_worker(rank, world, cfg):
+    """Inside a spawned gloo rank: fake timers (one real call each), then the GPU case loop on CPU."""
+    from megamoe import _timing, bench
+    _timing.time_cuda = lambda fns, **kw: [f() for f in fns] and 1e-3
+    _timing.time_cuda_graph = lambda fns, **kw: None
+    return bench._gpu_rank(rank, world, cfg)
+
+
+def test_gpu_case_loop_over_two_ranks():
+    """The multi-rank flow (torch-bf16 over all_to_all_single, eager only) on 2 gloo ranks."""
+    from megamoe.bench import PRESETS, merge_ranks
+    from megamoe.reference import run_local_ranks
+    cfg = dict(presets=["tiny"], shapes={"tiny": PRESETS["tiny"].__dict__}, backends=["torch-bf16"],
+               tokens=[1, 8], seed=0, reps=1, warmup=0, no_graph=False, device_type="cpu")
+    per_rank = run_local_ranks(_multi_rank_worker, 2, cfg)
+    assert all(c["eager_s"] == 1e-3 and "eager only" in c["note"] for cases in per_rank for c in cases), per_rank
+    rows = merge_ranks(per_rank, 2, 0, PEAKS)
+    assert [r["timing"] for r in rows] == ["eager", "eager"] and rows[1]["nvlink_bytes"] > 0
