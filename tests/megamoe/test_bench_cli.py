@@ -340,3 +340,15 @@ def test_gpu_case_loop_over_two_ranks():
     assert all(c["eager_s"] == 1e-3 and "eager only" in c["note"] for cases in per_rank for c in cases), per_rank
     rows = merge_ranks(per_rank, 2, 0, PEAKS)
     assert [r["timing"] for r in rows] == ["eager", "eager"] and rows[1]["nvlink_bytes"] > 0
+
+
+def test_staged_without_kernels_is_left_out_beside_baselines(monkeypatch):
+    from megamoe import bench
+    monkeypatch.setattr(bench, "kernels_available", lambda: False)
+    assert "not built" in bench.check_backends(["torch-fp8", "staged"], True)["staged"]
+    with pytest.raises(ValueError, match="staged: the CUDA kernels are not built"):
+        bench.check_backends(["staged"], True)
+    monkeypatch.setattr(bench, "kernels_available", lambda: True)
+    monkeypatch.setattr(bench, "layer_available", lambda: False)
+    assert bench.check_backends(["staged", "torch-bf16"], True) == {"staged": "megamoe.MegaMoE is not in this checkout"}
+    assert bench.check_backends(["torch-bf16"], True) == {}

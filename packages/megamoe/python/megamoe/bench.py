@@ -175,8 +175,11 @@ def default_backend(cuda: bool) -> tuple[str, str]:
     return "staged", "CUDA GPU with the built kernels: the staged layer runs on the GPU"
 
 
-def check_backends(backends: list[str], cuda: bool) -> None:
-    """ValueError with a clear reason for a backend that cannot run here."""
+def check_backends(backends: list[str], cuda: bool) -> dict[str, str]:
+    """ValueError with a clear reason for a backend that cannot run here. The staged layer missing
+    its kernels or its module while torch baselines were asked for too is not an error: returns
+    {backend: why it is left out} so the baselines still run (and the output says so)."""
+    left_out = {}
     for b in backends:
         if b not in BACKENDS:
             raise ValueError(f"--backend: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
@@ -187,14 +190,17 @@ def check_backends(backends: list[str], cuda: bool) -> None:
             if not cuda:
                 raise ValueError("--backend staged needs a CUDA GPU")
             if not kernels_available():
-                raise ValueError("--backend staged: the CUDA kernels are not built or not found "
-                                 "(set MEGAMOE_LIB_DIR=<build>/lib or pip install . with nvcc)")
-            if not layer_available():
-                raise ValueError("--backend staged: megamoe.MegaMoE is not in this checkout")
+                left_out[b] = ("the CUDA kernels are not built or not found (set MEGAMOE_LIB_DIR=<build>/lib or "
+                               "pip install . with nvcc)")
+            elif not layer_available():
+                left_out[b] = "megamoe.MegaMoE is not in this checkout"
         if b in TORCH_BASELINES and not cuda:
             raise ValueError(f"--backend {b} needs a CUDA GPU (torch grouped GEMMs)")
     if "reference" in backends and len(backends) > 1:
         raise ValueError("--backend reference runs alone (wall-clock timing of the FP64 reference)")
+    if left_out and not [b for b in backends if b not in left_out]:
+        raise ValueError("; ".join(f"--backend {b}: {why}" for b, why in left_out.items()))
+    return left_out
 
 
 # --- reference timing (CPU or GPU ranks, wall clock) ----------------------------------------------
@@ -501,7 +507,8 @@ def main(argv=None) -> None:
         else:
             backends = _list(args.backend, "--backend")
             why = "chosen with --backend"
-        check_backends(backends, cuda)
+        left_out = check_backends(backends, cuda)
+        backends = [b for b in backends if b not in left_out]
         gpu_mode = backends != ["reference"]
         presets = _list(args.preset, "--preset") if args.preset else (["flash", "pro"] if gpu_mode else ["tiny"])
         for name in presets:
@@ -524,6 +531,10 @@ def main(argv=None) -> None:
     head = run_header(cuda)
     print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
           f"({'nccl, cuda' if cuda else 'gloo, cpu'})")
+    for b, reason in left_out.items():
+        print(f"megamoe-bench: WARNING: backend {b} left out: {reason}")
+        print(f"megamoe-bench: WARNING: backend {b} left out: {reason}", file=sys.stderr)
+    head["left_out"] = {b: reason for b, reason in left_out.items()}
     if gpu_mode:
         rows, notes = _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     else:
