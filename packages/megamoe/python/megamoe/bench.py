@@ -1,15 +1,22 @@
-"""megamoe benchmark CLI: time one MoE layer per tokens-per-rank setting against its floor.
+"""megamoe benchmark CLI: time the MoE layer per tokens-per-rank setting against its floor.
 
-    python -m megamoe.bench --preset tiny --tokens 1,16,128 --ranks 2
+    megamoe-bench                                   # GPU + built kernels: the staged layer, flash and pro
+    megamoe-bench --backend staged,torch-fp8,torch-bf16 --preset flash,pro --ranks 1
+    megamoe-bench --preset tiny --tokens 1,16,128 --ranks 2     # no GPU: the reference on 2 CPU ranks
 
 Each setting reports time, TFLOPS, HBM and NVLink bytes and the FLOOR = max(FLOPs / FP8 peak,
 HBM bytes / HBM bandwidth, NVLink bytes / peer bandwidth) with the term that binds (DESIGN.md
-section 6). The metric functions (count_flops, hbm_bytes, nvlink_bytes, floor_time, rank_costs)
-are the ones the GPU benchmarks import.
+section 6). On a GPU the time is CUDA-graph replay of whole layer calls (and, beside it, eager
+host-inclusive calls), the FP8 peak and HBM copy bandwidth are measured in the same run, the torch
+baselines (torch-fp8: torch._scaled_grouped_mm, torch-bf16: torch._grouped_mm; megamoe.baselines)
+run beside the layer, and JSON, markdown and a plot go to bench/results/. On CPU the floors are
+H200 ceilings, not this machine's, so floor columns read "n/a (no GPU)". The metric functions
+(count_flops, hbm_bytes, nvlink_bytes, floor_time, rank_costs) are the ones the GPU benchmarks import.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -17,10 +24,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover - torch is a required dependency; say so instead of a traceback
+    raise SystemExit("megamoe-bench needs PyTorch: pip install torch (any build >= 2.4; a CPU build runs "
+                     "the reference, a CUDA build the GPU layer)") from None
 from tqdm import tqdm
 
+from ._report import (CPU_COLUMNS, GPU_COLUMNS, format_table, plot_results, results_name,  # noqa: F401
+                      run_header, write_markdown, write_results)
 from .reference import X_GRAN, make_weights, moe_reference_distributed, run_local_ranks
 
 __all__ = ["PRESETS", "DEFAULT_PEAKS", "Shape", "RankCost", "count_flops", "hbm_bytes",
@@ -49,7 +62,7 @@ MX_GROUP = 32                        # weights per int8 shift
 WEIGHT_BITS = 4 + 8 / MX_GROUP       # E2M1 code + its share of the shift byte (row scales ~0)
 BF16_BYTES, FP32_BYTES = 2, 4
 MATMULS = 3                          # gate, up (2I rows of W1 = two H x I matmuls) and down
-BACKENDS = ("reference", "staged", "fused")
+BACKENDS = ("reference", "staged", "fused", "auto", "torch-fp8", "torch-bf16")
 
 
 # --- metrics --------------------------------------------------------------------------------------
@@ -124,13 +137,73 @@ def _rank_tokens(tokens: int, H: int, seed: int, rank: int) -> torch.Tensor:
     return torch.randn(tokens, H, generator=gen).bfloat16()
 
 
-# --- timing (runs inside each rank) ---------------------------------------------------------------
+# --- backends -------------------------------------------------------------------------------------
 
-def _layer(backend: str):
-    if backend != "reference":
-        raise NotImplementedError(f"backend '{backend}' is not built yet (available: reference)")
-    return moe_reference_distributed
+NOT_BUILT = ("fused", "auto")
+TORCH_BASELINES = {"torch-fp8": "fp8", "torch-bf16": "bf16"}
+GPU_TOKENS, CPU_TOKENS = (1, 16, 128, 512, 2048, 8192), (1, 16, 128)
+TARGET_TOKENS = (1, 16)              # the issue's decode target (1..16 tokens): time <= 1.3 x HBM floor + 25 us
+TARGET_FACTOR, TARGET_SLACK_US = 1.3, 25.0
+NO_GPU = "n/a (no GPU)"
 
+
+def kernels_available() -> bool:
+    try:
+        from fp4_gemm._lib import LIB
+        return LIB.available()
+    except Exception:
+        return False
+
+
+def layer_available() -> bool:
+    try:
+        from . import MegaMoE, ExpertWeights  # noqa: F401
+        return True
+    except Exception:  # ImportError, or whatever the layer's import raised: then it is not usable here
+        return False
+
+
+def default_backend(cuda: bool) -> tuple[str, str]:
+    """(backend, why): staged where a CUDA GPU, the built kernels and the layer are all here."""
+    if not cuda:
+        return "reference", "no CUDA GPU: the reference layer runs on CPU ranks"
+    if not kernels_available():
+        return "reference", ("CUDA GPU found but the kernels are not built or not found "
+                             "(fp4_gemm._lib.LIB.available() is False): the reference layer runs instead")
+    if not layer_available():
+        return "reference", "CUDA GPU and kernels found but megamoe.MegaMoE is not in this checkout: the reference runs"
+    return "staged", "CUDA GPU with the built kernels: the staged layer runs on the GPU"
+
+
+def check_backends(backends: list[str], cuda: bool) -> dict[str, str]:
+    """ValueError with a clear reason for a backend that cannot run here. The staged layer missing
+    its kernels or its module while torch baselines were asked for too is not an error: returns
+    {backend: why it is left out} so the baselines still run (and the output says so)."""
+    left_out = {}
+    for b in backends:
+        if b not in BACKENDS:
+            raise ValueError(f"--backend: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
+        if b in NOT_BUILT:
+            raise ValueError(f"--backend: backend '{b}' is not built yet (available: reference, staged, "
+                             f"{', '.join(TORCH_BASELINES)})")
+        if b == "staged":
+            if not cuda:
+                raise ValueError("--backend staged needs a CUDA GPU")
+            if not kernels_available():
+                left_out[b] = ("the CUDA kernels are not built or not found (set MEGAMOE_LIB_DIR=<build>/lib or "
+                               "pip install . with nvcc)")
+            elif not layer_available():
+                left_out[b] = "megamoe.MegaMoE is not in this checkout"
+        if b in TORCH_BASELINES and not cuda:
+            raise ValueError(f"--backend {b} needs a CUDA GPU (torch grouped GEMMs)")
+    if "reference" in backends and len(backends) > 1:
+        raise ValueError("--backend reference runs alone (wall-clock timing of the FP64 reference)")
+    if left_out and not [b for b in backends if b not in left_out]:
+        raise ValueError("; ".join(f"--backend {b}: {why}" for b, why in left_out.items()))
+    return left_out
+
+
+# --- reference timing (CPU or GPU ranks, wall clock) ----------------------------------------------
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -138,14 +211,13 @@ def _sync(device: torch.device) -> None:
 
 
 def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
-    """Median wall time per tokens setting; a barrier before and after each call makes rank 0's
-    clock cover the slowest rank."""
+    """Reference backend: median wall time per tokens setting; a barrier before and after each call
+    makes rank 0's clock cover the slowest rank."""
     shape = Shape(**cfg["shape"])
     device = torch.device("cuda", rank) if cfg["device_type"] == "cuda" else torch.device("cpu")
     per_rank = shape.E // world
     weights = make_weights(shape.E, shape.H, shape.I, seed=cfg["seed"], device=device,
                            experts=range(rank * per_rank, (rank + 1) * per_rank))
-    layer = _layer(cfg["backend"])
     calls = cfg["warmup"] + cfg["reps"]
     medians = []
     with tqdm(total=len(cfg["tokens"]) * calls, desc="megamoe-bench", disable=rank != 0,
@@ -160,7 +232,7 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
                 _sync(device)
                 dist.barrier()
                 t0 = time.perf_counter()
-                layer(x, idx, w, weights)
+                moe_reference_distributed(x, idx, w, weights)
                 _sync(device)
                 dist.barrier()
                 times.append(time.perf_counter() - t0)
@@ -169,20 +241,204 @@ def _bench_rank(rank: int, world: int, cfg: dict) -> list[float]:
     return medians
 
 
-# --- CLI ------------------------------------------------------------------------------------------
+# --- GPU timing (staged layer and torch baselines) ------------------------------------------------
 
-def _parse_peaks(text: str | None) -> tuple[dict, list]:
-    """'fp8_tflops=1290,hbm_tbs=4.1' -> (peaks, names of the peaks left at their defaults)."""
-    peaks = dict(DEFAULT_PEAKS)
+INPUT_SETS = 2      # inputs rotated inside the graph and between eager calls
+GPU_DEVICE_TYPE = "cuda"  # the tests run the GPU flow on CPU tensors by setting "cpu"
+GRAPH_BATCH = 2     # calls per graph (>= INPUT_SETS)
+
+
+def activation_bytes(backend: str, T: int, ranks: int, shape: Shape) -> int:
+    """Rough upper bound on one call's temporaries (HBM), per rank, for the memory check."""
+    P = T * shape.K * (ranks if ranks > 1 else 1)  # a rank may receive every rank's pairs at worst
+    rows = P + 15 * min(P, shape.E // ranks)
+    per = rows * (2 * shape.I * 2 + 4 * shape.I * 4 + 3 * shape.H) + P * shape.H * 6 + T * shape.H * 8
+    return INPUT_SETS * per
+
+
+def weight_bytes(backend: str, experts: int, shape: Shape) -> int:
+    from .baselines import dense_weight_bytes, fp4_weight_bytes
+    if backend in TORCH_BASELINES:
+        return dense_weight_bytes(TORCH_BASELINES[backend], experts, shape.H, shape.I)
+    return 2 * fp4_weight_bytes(experts, shape.H, shape.I)  # ours + the layer's packed copy
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[megamoe-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device, cache: dict | None = None):
+    """INPUT_SETS (x, topk_idx, topk_w) draws of this rank's tokens; set 0 is what the costs use.
+    Host-side draws are kept in `cache` (reused by every backend)."""
+    key = (shape, T)
+    if cache is None or key not in cache:
+        sets = []
+        for s in range(INPUT_SETS):
+            sd = seed + T + 7919 * s
+            idx, w = make_routing(world * T, shape, sd)
+            rows = slice(rank * T, (rank + 1) * T)
+            sets.append((_rank_tokens(T, shape.H, sd, rank), idx[rows].contiguous(), w[rows].float().contiguous()))
+        if cache is None:
+            return [tuple(t.to(device) for t in st) for st in sets]
+        cache[key] = sets
+    return [tuple(t.to(device) for t in st) for st in cache[key]]
+
+
+def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device):
+    """(call, capturable, check_errors, close) for one backend, its weights on `device`: call(x, topk_idx,
+    topk_w) -> y; check_errors() raises a device-side error the layer recorded; close() frees it
+    (the layer stays registered for its custom op until destroyed). The last two may be None."""
+    per_rank = shape.E // world
+    experts = range(rank * per_rank, (rank + 1) * per_rank)
+    if backend == "staged":
+        from . import ExpertWeights, MegaMoE
+        from .baselines import make_fp4_experts
+        tw1, tw2 = make_fp4_experts(per_rank, shape.H, shape.I, device=device, seed=seed)
+        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, backend="staged")
+        if "topk" in inspect.signature(MegaMoE.__init__).parameters:
+            kwargs["topk"] = shape.K
+        layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
+        del tw1, tw2
+        layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream
+        return layer, True, getattr(layer, "check_errors", None), getattr(layer, "destroy", None)
+    from .baselines import make_dense_experts, torch_moe, torch_moe_distributed
+    W = make_dense_experts(TORCH_BASELINES[backend], shape.E, experts, shape.H, shape.I, device=device, seed=seed)
+    if world == 1:
+        return (lambda x, i, w: torch_moe(x, i, w, W)), True, None, None
+    return (lambda x, i, w: torch_moe_distributed(x, i, w, W, group)), False, None, None  # host splits: eager only
+
+
+def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
+    """Every (backend, preset, tokens) case on this rank: {preset, backend, T, graph_s, eager_s, note}.
+    Backends run in the order given, each over all presets (so a backend listed last cannot spoil the
+    ones before it, e.g. by a sticky CUDA error); progress(cases so far) after each (backend, preset)."""
+    from . import _timing
+    device = torch.device("cuda", rank) if cfg.get("device_type", "cuda") == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:  # CPU: only the tests run this path (torch-bf16 and a stand-in layer, fake timers)
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    group = dist.group.WORLD if world > 1 else None
+    out, cache = [], {}
+    for backend in cfg["backends"]:
+        for preset in cfg["presets"]:
+            shape = Shape(**cfg["shapes"][preset])
+            wbytes = weight_bytes(backend, shape.E // world, shape)
+            tokens, skipped = [], []
+            for T in cfg["tokens"]:
+                fits = wbytes + activation_bytes(backend, T, world, shape) < 0.9 * total
+                (tokens if fits else skipped).append(T)
+            for T in skipped:
+                out.append(dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None,
+                                note=f"skipped: needs ~{(wbytes + activation_bytes(backend, T, world, shape)) / 2**30:.0f} "
+                                     f"GiB of {total / 2**30:.0f} GiB"))
+            t0 = time.perf_counter()
+            call = check = close = None
+            try:
+                if tokens:
+                    call, capturable, check, close = _build(backend, shape, world, rank, group, max(tokens),
+                                                            cfg["seed"], device)
+                    _sync(device)
+                    _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
+            except Exception as e:  # report, don't hide: every row of this backend says what failed
+                note = f"build failed: {type(e).__name__}: {str(e)[:200]}"
+                _log(rank, f"{preset} {backend}: {note}")
+                out += [dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note=note) for T in tokens]
+                tokens = []
+            for T in tokens:
+                row = dict(preset=preset, backend=backend, T=T, graph_s=None, eager_s=None, note="")
+                try:
+                    sets = _inputs(T, world, rank, shape, cfg["seed"], device, cache)
+                    fns = [(lambda s=s: call(*s)) for s in sets]
+                    y = fns[0]()
+                    if not bool(torch.isfinite(y).all()):
+                        row["note"] = "non-finite output; "
+                    del y
+                    row["eager_s"] = _timing.time_cuda(fns, warmup=cfg["warmup"], reps=cfg["reps"], batch=GRAPH_BATCH)
+                    if capturable and not cfg["no_graph"]:
+                        row["graph_s"] = _timing.time_cuda_graph(fns, warmup=cfg["warmup"], reps=cfg["reps"], batch=GRAPH_BATCH)
+                        if row["graph_s"] is None:
+                            row["note"] += "graph capture failed: eager time only"
+                    elif not capturable:
+                        row["note"] += "eager only (host-known all_to_all splits)"
+                    del sets, fns
+                    if check is not None:
+                        check()
+                except Exception as e:
+                    row["note"] += f"failed: {type(e).__name__}: {str(e)[:200]}"
+                out.append(row)
+                g, e = row["graph_s"], row["eager_s"]
+                _log(rank, f"{preset} {backend} T={T}: graph {'-' if g is None else f'{g * 1e6:.1f}'} us, "
+                           f"eager {'-' if e is None else f'{e * 1e6:.1f}'} us {row['note']}")
+            if call is not None and close is not None:
+                try:
+                    close()
+                except Exception as e:
+                    _log(rank, f"{preset} {backend}: close failed: {type(e).__name__}: {str(e)[:200]}")
+            call = check = close = None
+            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if progress is not None:
+                progress(out)
+    return out
+
+
+# --- rows, tables, files --------------------------------------------------------------------------
+
+def _parse_peaks(text: str | None) -> tuple[dict, dict]:
+    """'fp8_tflops=1290,hbm_tbs=4.1' -> (peaks, {key: value} given)."""
     given = {}
     for item in filter(None, (text or "").split(",")):
         key, _, value = item.partition("=")
         if key not in DEFAULT_PEAKS or not value:
             raise ValueError(f"--peaks: expected KEY=VALUE with KEY in {sorted(DEFAULT_PEAKS)}, got {item!r}")
         given[key] = float(value)
-    peaks.update(given)
-    return peaks, [k for k in DEFAULT_PEAKS if k not in given]
+    return {**DEFAULT_PEAKS, **given}, given
 
+
+def make_row(preset: str, backend: str, T: int, ranks: int, shape: Shape, seed: int, peaks: dict | None,
+             time_s: float | None, eager_s: float | None = None, note: str = "") -> dict:
+    """One result row. time_s is the primary time (CUDA-graph replay; eager when no graph), eager_s
+    the host-inclusive one. peaks None (no GPU): floor and ratio columns are None."""
+    idx, _ = make_routing(ranks * T, shape, seed + T)
+    costs = rank_costs(idx, ranks, shape)
+    row = {"preset": preset, "backend": backend, "tokens_per_rank": T, "pairs": sum(c.pairs for c in costs),
+           "time_us": None if time_s is None else time_s * 1e6,
+           "eager_us": None if eager_s is None else eager_s * 1e6,
+           "tflops_per_rank": None, "hbm_bytes": max(c.hbm for c in costs),
+           "nvlink_bytes": max(c.nvlink for c in costs), "floor_us": None, "bound": None,
+           "time_over_floor": None, "hbm_floor_us": None, "target_ok": None, "speedup_vs_torch_fp8": None,
+           "note": note}
+    if time_s:
+        row["tflops_per_rank"] = sum(c.flops for c in costs) / ranks / time_s / 1e12
+    if peaks is not None:
+        floor, bound = max(floor_time(c.flops, c.hbm, c.nvlink, peaks) for c in costs)
+        row.update(floor_us=floor * 1e6, bound=bound,
+                   hbm_floor_us=max(c.hbm for c in costs) / (peaks["hbm_tbs"] * 1e12) * 1e6)
+        if time_s:
+            row["time_over_floor"] = time_s / floor
+            if TARGET_TOKENS[0] <= T <= TARGET_TOKENS[1]:
+                row["target_ok"] = row["time_us"] <= TARGET_FACTOR * row["hbm_floor_us"] + TARGET_SLACK_US
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_torch_fp8 = torch-fp8 time / this row's time, for non-baseline rows: like for like
+    (graph vs graph; eager vs eager where either row has no graph time)."""
+    base = {(r["preset"], r["tokens_per_rank"]): r for r in rows if r["backend"] == "torch-fp8"}
+    for r in rows:
+        b = base.get((r["preset"], r["tokens_per_rank"]))
+        if r["backend"] == "torch-fp8" or b is None:
+            continue
+        key = "time_us" if r.get("timing", "graph") == b.get("timing", "graph") else "eager_us"
+        if b.get(key) and r.get(key):
+            r["speedup_vs_torch_fp8"] = b[key] / r[key]
+
+
+# --- CLI ------------------------------------------------------------------------------------------
 
 def _check_memory(shape: Shape, ranks: int, device_type: str) -> None:
     """The reference keeps every expert's FP64 dequantised weights: refuse what cannot fit."""
@@ -196,86 +452,211 @@ def _check_memory(shape: Shape, ranks: int, device_type: str) -> None:
                          f"{have / 2**30:.1f} GiB available; use a smaller preset or more ranks/GPUs")
 
 
-COLUMNS = (  # header, row key, format
-    ("tokens/rank", "tokens_per_rank", "{:d}"), ("pairs", "pairs", "{:d}"),
-    ("time us", "time_us", "{:.1f}"), ("TFLOPS/rank", "tflops_per_rank", "{:.4f}"),
-    ("HBM MB", "hbm_bytes", "{:.3f}"), ("NVLink MB", "nvlink_bytes", "{:.3f}"),
-    ("floor us", "floor_us", "{:.2f}"), ("bound", "bound", "{}"), ("time/floor", "time_over_floor", "{:.1f}"),
-)
-MB_KEYS = ("hbm_bytes", "nvlink_bytes")
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+    return parse
 
 
-def _row(T: int, seconds: float, ranks: int, shape: Shape, seed: int, peaks: dict) -> dict:
-    idx, _ = make_routing(ranks * T, shape, seed + T)
-    costs = rank_costs(idx, ranks, shape)
-    floors = [floor_time(c.flops, c.hbm, c.nvlink, peaks) for c in costs]
-    floor, bound = max(floors)
-    return {"tokens_per_rank": T, "pairs": sum(c.pairs for c in costs), "time_us": seconds * 1e6,
-            "tflops_per_rank": sum(c.flops for c in costs) / ranks / seconds / 1e12,
-            "hbm_bytes": max(c.hbm for c in costs), "nvlink_bytes": max(c.nvlink for c in costs),
-            "floor_us": floor * 1e6, "bound": bound, "time_over_floor": seconds / floor}
+def _list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{what}: empty list")
+    return list(dict.fromkeys(items))
 
 
-def _print_table(rows: list) -> None:
-    cells = [[h for h, _, _ in COLUMNS]]
-    for row in rows:
-        cells.append([fmt.format(row[key] / 1e6 if key in MB_KEYS else row[key]) for _, key, fmt in COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    for r in cells:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+def build_parser(cuda: bool, gpus: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megamoe-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default=None,
+                   help=f"comma list of {', '.join(PRESETS)} (default: flash,pro with the staged layer, else tiny)")
+    p.add_argument("--tokens", default=None, help="tokens per rank, comma-separated (default: "
+                   f"{','.join(map(str, GPU_TOKENS))} on a GPU, {','.join(map(str, CPU_TOKENS))} on CPU)")
+    p.add_argument("--ranks", type=_int_at_least(1), default=gpus if cuda else 2,
+                   help="EP ranks (default: the number of GPUs, else 2 CPU processes)")
+    p.add_argument("--backend", default=None,
+                   help=f"comma list of {', '.join(BACKENDS)} (default: staged on a machine with a CUDA GPU "
+                        "and the built kernels, else reference)")
+    p.add_argument("--reps", type=_int_at_least(1), default=None,
+                   help="timed repetitions per setting, median reported (default 5 reference, 10 GPU)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=None, help="warm-up calls (default 1 reference, 3 GPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-graph", action="store_true", help="GPU: eager timing only (no CUDA-graph capture)")
+    p.add_argument("--peaks", help="ceilings to use instead of measuring them, e.g. fp8_tflops=1290,hbm_tbs=4.1,"
+                                   f"nvlink_gbs=370 (defaults {DEFAULT_PEAKS})")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--results", metavar="DIR", help="write moe-<presets>-<ranks>r-<date>-<commit>.{json,md,png} "
+                   "here (default on a GPU: bench/results if ./bench exists, else ./megamoe-results)")
+    return p
 
 
 def main(argv=None) -> None:
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="megamoe-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--tokens", default="1,16,128", help="tokens per rank, comma-separated")
-    p.add_argument("--ranks", type=int, default=torch.cuda.device_count() if cuda else 2,
-                   help="EP ranks (default: the number of GPUs, else 2 CPU processes)")
-    p.add_argument("--backend", choices=BACKENDS, default="reference")
-    p.add_argument("--reps", type=int, default=5, help="timed calls per setting (median reported)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--peaks", help="measured ceilings, e.g. fp8_tflops=1290,hbm_tbs=4.1,nvlink_gbs=370 "
-                                   f"(defaults {DEFAULT_PEAKS}, not measured here)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    gpus = torch.cuda.device_count() if cuda else 0
+    p = build_parser(cuda, gpus)
     args = p.parse_args(argv)
-
-    shape = PRESETS[args.preset]
     try:
-        tokens = [int(t) for t in args.tokens.split(",")]
+        if args.backend is None:
+            backend, why = default_backend(cuda)
+            backends = [backend]
+        else:
+            backends = _list(args.backend, "--backend")
+            why = "chosen with --backend"
+        left_out = check_backends(backends, cuda)
+        backends = [b for b in backends if b not in left_out]
+        gpu_mode = backends != ["reference"]
+        presets = _list(args.preset, "--preset") if args.preset else (["flash", "pro"] if gpu_mode else ["tiny"])
+        for name in presets:
+            if name not in PRESETS:
+                raise ValueError(f"--preset: unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+        tokens = [int(t) for t in _list(args.tokens, "--tokens")] if args.tokens else \
+            list(GPU_TOKENS if gpu_mode else CPU_TOKENS)
         if min(tokens) < 1:
             raise ValueError(f"--tokens: every entry must be >= 1, got {args.tokens}")
-        peaks, defaulted = _parse_peaks(args.peaks)
-        _layer(args.backend)
-    except (ValueError, NotImplementedError) as e:
+        peaks, given = _parse_peaks(args.peaks)
+    except ValueError as e:
         p.error(str(e))
-    if args.ranks < 1 or shape.E % args.ranks:
-        p.error(f"--ranks {args.ranks} must divide the preset's {shape.E} experts")
-    if cuda and args.ranks > torch.cuda.device_count():
-        p.error(f"--ranks {args.ranks}: only {torch.cuda.device_count()} GPUs")
-    device_type = "cuda" if cuda else "cpu"
-    _check_memory(shape, args.ranks, device_type)
-
-    cfg = dict(shape=asdict(shape), tokens=tokens, backend=args.backend, seed=args.seed,
-               reps=args.reps, warmup=args.warmup, device_type=device_type)
-    medians = run_local_ranks(_bench_rank, args.ranks, cfg, device_type=device_type)[0]
-    rows = [_row(T, s, args.ranks, shape, args.seed, peaks) for T, s in zip(tokens, medians)]
-
-    print(f"megamoe-bench: preset {args.preset} (H {shape.H}, I {shape.I}, E {shape.E}, top-{shape.K}), "
-          f"{args.ranks} ranks ({'nccl, cuda' if cuda else 'gloo, cpu'}), backend {args.backend}")
-    print(f"peaks: FP8 {peaks['fp8_tflops']} TFLOPS, HBM {peaks['hbm_tbs']} TB/s, NVLink {peaks['nvlink_gbs']} "
-          "GB/s per direction" + (f"; DEFAULTS (DESIGN.md section 6), not measured in this run: "
-                                  f"{', '.join(defaulted)}" if defaulted else ""))
-    print(f"time: wall clock, median of {args.reps} calls after {args.warmup} warm-up, barrier before and "
-          "after each; HBM and NVLink: the busiest rank; floor: the slowest rank's")
-    _print_table(rows)
+    for name in presets:
+        if PRESETS[name].E % args.ranks:
+            p.error(f"--ranks {args.ranks} must divide preset {name}'s {PRESETS[name].E} experts")
+    if cuda and args.ranks > gpus:
+        p.error(f"--ranks {args.ranks}: only {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU)")
+    reps = args.reps or (10 if gpu_mode else 5)
+    warmup = args.warmup if args.warmup is not None else (3 if gpu_mode else 1)
+    head = run_header(cuda)
+    print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
+          f"({'nccl, cuda' if cuda else 'gloo, cpu'})")
+    for b, reason in left_out.items():
+        print(f"megamoe-bench: WARNING: backend {b} left out: {reason}")
+        print(f"megamoe-bench: WARNING: backend {b} left out: {reason}", file=sys.stderr)
+    head["left_out"] = {b: reason for b, reason in left_out.items()}
+    if gpu_mode:
+        rows, notes = _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
+    else:
+        rows, notes = _main_reference(args, presets, tokens, reps, warmup, peaks, given, cuda, head)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "shape": asdict(shape), "ranks": args.ranks,
-                       "backend": args.backend, "device": device_type, "peaks": peaks,
-                       "peaks_defaulted": defaulted, "reps": args.reps, "warmup": args.warmup,
-                       "seed": args.seed, "rows": rows}, f, indent=2)
+            json.dump({"header": head, "presets": {n: asdict(PRESETS[n]) for n in presets}, "ranks": args.ranks,
+                       "backends": backends, "backend_reason": why,
+                       "peaks": head.get("peaks") or (peaks if (cuda or given) else None),
+                       "reps": reps, "warmup": warmup, "seed": args.seed, "notes": notes, "rows": rows}, f, indent=2)
+
+
+def _main_reference(args, presets, tokens, reps, warmup, peaks, given, cuda, head):
+    """The reference layer over CPU (gloo) or GPU (NCCL) ranks, wall clock."""
+    device_type = "cuda" if cuda else "cpu"
+    rows, notes = [], []
+    for name in presets:
+        shape = PRESETS[name]
+        _check_memory(shape, args.ranks, device_type)
+        cfg = dict(shape=asdict(shape), tokens=tokens, seed=args.seed, reps=reps, warmup=warmup,
+                   device_type=device_type)
+        medians = run_local_ranks(_bench_rank, args.ranks, cfg, device_type=device_type)[0]
+        use_peaks = peaks if cuda or given else None
+        mine = [make_row(name, "reference", T, args.ranks, shape, args.seed, use_peaks, s) for T, s in zip(tokens, medians)]
+        rows += mine
+        print(f"preset {name} (H {shape.H}, I {shape.I}, E {shape.E}, top-{shape.K}), backend reference")
+        print(f"time: wall clock, median of {reps} calls after {warmup} warm-up, barrier before and after each; "
+              "HBM and NVLink: the busiest rank")
+        if use_peaks is None:
+            notes.append(f"floor, time/floor: {NO_GPU}: the floors use H200 ceilings (DESIGN.md section 6), "
+                         "not this machine's; pass --peaks to compute them anyway")
+            print(notes[-1])
+            cols = CPU_COLUMNS
+        else:
+            notes.append(f"peaks: {peaks}" + ("" if set(given) == set(DEFAULT_PEAKS) else
+                                              f"; DEFAULTS (DESIGN.md section 6), not measured in this run: "
+                                              f"{', '.join(k for k in DEFAULT_PEAKS if k not in given)}"))
+            print(notes[-1])
+            cols = CPU_COLUMNS + (("floor us", "floor_us", "{:.2f}"), ("bound", "bound", "{}"),
+                                  ("time/floor", "time_over_floor", "{:.1f}"))
+        print(format_table(mine, cols, markdown=False))
+    if args.results:
+        for path in write_results(args.results, results_name(presets, args.ranks, head), head, rows, notes):
+            print(f"wrote {path}")
+    return rows, notes
+
+
+def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head):
+    from ._timing import measure_fp8_peak, measure_hbm_copy
+    notes = []
+    measured = {}
+    for key, measure, scale in (("fp8_tflops", measure_fp8_peak, 1e12), ("hbm_tbs", measure_hbm_copy, 1e12)):
+        if key not in given:
+            try:
+                measured[key] = measure() / scale
+            except Exception as e:  # a ceiling that cannot be measured falls back to its default, and says so
+                notes.append(f"could not measure {key} ({type(e).__name__}: {str(e)[:160]}): default used")
+    torch.cuda.empty_cache()
+    peaks = {**peaks, **measured}
+    head.update(peaks=peaks, peaks_measured=sorted(measured), peaks_given=sorted(given),
+                peaks_defaulted=sorted(k for k in DEFAULT_PEAKS if k not in measured and k not in given))
+    notes.append(f"peaks: FP8 {peaks['fp8_tflops']:.0f} TFLOPS (torch._scaled_mm 8192^3), HBM {peaks['hbm_tbs']:.2f} "
+                 f"TB/s (device copy), NVLink {peaks['nvlink_gbs']:.0f} GB/s; measured in this run: "
+                 f"{', '.join(sorted(measured)) or 'none'}; given: {', '.join(sorted(given)) or 'none'}; "
+                 f"defaults (DESIGN.md section 6): {', '.join(head['peaks_defaulted']) or 'none'}")
+    notes.append(f"time: CUDA-graph replay of {GRAPH_BATCH} layer calls rotating {INPUT_SETS} input sets, between "
+                 f"CUDA events, median of {reps} replays after {warmup} warm-up; eager: CUDA events around "
+                 f"{GRAPH_BATCH} back-to-back eager calls (host-inclusive), median of {reps}; max over ranks")
+    notes.append("floor = max(FLOPs / FP8 peak, HBM bytes of the MXFP4 layer / HBM copy bw, NVLink bytes / peer bw): "
+                 "the same floor for every backend (the torch baselines move 2x (FP8) or 4x (BF16) the weight bytes)")
+    notes.append(f"target (issue, {'-'.join(map(str, TARGET_TOKENS))} tokens): time <= {TARGET_FACTOR} x HBM floor + "
+                 f"{TARGET_SLACK_US:.0f} us")
+    for n in notes:
+        print(n)
+    cfg = dict(presets=presets, shapes={n: asdict(PRESETS[n]) for n in presets}, backends=backends, tokens=tokens,
+               seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph, device_type=GPU_DEVICE_TYPE)
+    out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
+    name = results_name(presets, args.ranks, head)
+
+    def rows_of(per_rank):
+        rows = sort_rows(merge_ranks(per_rank, args.ranks, args.seed, peaks), backends, presets)
+        add_speedups(rows)
+        return rows
+
+    def partial(cases):
+        try:
+            write_results(out_dir, name, head, rows_of([cases]), notes + ["PARTIAL: the run did not finish"], plot=False)
+        except Exception as e:  # never lose the run to a results file
+            _log(0, f"could not write partial results: {type(e).__name__}: {e}")
+
+    if args.ranks == 1:  # in this process: partial results are on disk after every (backend, preset)
+        per_rank = [_gpu_rank(0, 1, cfg, progress=partial)]
+    else:
+        per_rank = run_local_ranks(_gpu_rank, args.ranks, cfg, device_type="cuda")
+    rows = rows_of(per_rank)
+    print(format_table(rows))
+    for path in write_results(out_dir, name, head, rows, notes):
+        print(f"wrote {path}")
+    return rows, notes
+
+
+def sort_rows(rows: list[dict], backends: list[str], presets: list[str]) -> list[dict]:
+    """Rows by preset, tokens, then backend in the order given."""
+    return sorted(rows, key=lambda r: (presets.index(r["preset"]), r["tokens_per_rank"], backends.index(r["backend"])))
+
+
+def merge_ranks(per_rank: list[list[dict]], ranks: int, seed: int, peaks: dict) -> list[dict]:
+    """Rank results -> rows: the slowest rank's times (a None anywhere -> None), notes joined."""
+    rows = []
+    for cases in zip(*per_rank):
+        c0 = cases[0]
+        def worst(key):
+            vals = [c[key] for c in cases]
+            return None if any(v is None for v in vals) else max(vals)
+        graph, eager = worst("graph_s"), worst("eager_s")
+        note = "; ".join(dict.fromkeys(c["note"] for c in cases if c["note"]))
+        shape = PRESETS[c0["preset"]]
+        row = make_row(c0["preset"], c0["backend"], c0["T"], ranks, shape, seed, peaks,
+                       graph if graph is not None else eager, eager, note)
+        row["timing"] = "graph" if graph is not None else ("eager" if eager is not None else "none")
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":
