@@ -21,7 +21,7 @@ namespace fp4_gemm::ptx {
 inline uint32_t cluster_id_x() { return g_cluster; }
 inline uint32_t num_clusters_x() { return g_clusters; }
 inline uint32_t cluster_ctarank() { return g_rank; }
-inline int ld_relaxed_gpu_s32(const int* p) { return *p; }
+
 }  // namespace fp4_gemm::ptx
 inline int __ldg(const int* p) { return *p; }
 #include "scheduler_stripped.h"  // scheduler.cuh without its ptx.cuh include

@@ -3,8 +3,8 @@ runnable directly:  python3 tests/megamoe/layer_worker.py --world 2 [--seed N]
 
 Rank r runs on GPU r % #GPUs. world 1: no torch.distributed at all (single-process mode). world <= #GPUs:
 NCCL (+ gloo for CPU objects) and comm_backend "torch". world > #GPUs (ranks sharing a GPU): a gloo group
-and comm_backend "ipc" (CUDA IPC mappings; torch symmetric memory refuses two ranks on one GPU); while
-symm_comm has no "ipc" backend, tests/symm_comm/comm_worker.py's _IpcBackend stands in for "torch".
+and comm_backend "ipc" (CUDA IPC mappings; torch symmetric memory refuses two ranks on one GPU), placed by
+symm_comm.testing.init_rank.
 Every rank builds every rank's inputs from the seed, computes the global reference itself (the full
 make_weights set) and checks its own rows (fraction within one BF16 step >= 0.97, rel. Frobenius <= 5e-3)."""
 from __future__ import annotations
@@ -32,56 +32,25 @@ from layer_cases import check_metric, generator, make_inputs, metric, poison, st
 E, H, I, K, T_MAX = 16, 512, 256, 4, 64
 
 
-# ---- process plumbing (as tests/symm_comm/comm_worker.py) ----------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ---- process plumbing: symm_comm.testing places the ranks (one GPU each, or several on one GPU) ------
+from symm_comm.testing import free_port, init_rank  # noqa: E402
 
 
 def oversubscribed(world: int) -> bool:
     return world > torch.cuda.device_count()
 
 
-def ipc_backend_available() -> bool:
-    """symm_comm accepts comm backend "ipc" (added next to "torch" / "nvshmem")."""
-    from symm_comm._validate import check_buffer_args
-    try:
-        check_buffer_args(1, 1, 128, 1, 1, 128, "ipc")
-        return True
-    except ValueError:
-        return False
-
-
 def can_oversubscribe() -> bool:
-    if ipc_backend_available():
-        return True
-    try:
-        import cupy  # noqa: F401  (comm_worker's _IpcBackend)
-        return True
-    except ImportError:
-        return False
+    return True  # symm_comm's "ipc" backend maps the buffers of ranks sharing a GPU
 
 
 def _setup(rank: int, world: int, port: int) -> str:
-    """Process group for `world` ranks; returns the comm_backend to pass to MegaMoE."""
-    ng = torch.cuda.device_count()
-    torch.cuda.set_device(rank % ng)
+    """Process group for `world` ranks (none for one); returns the comm_backend to pass to MegaMoE."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1) // 2))
     if world == 1:
+        torch.cuda.set_device(0)
         return "torch"  # single-process mode: no process group at all
-    if oversubscribed(world):
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        sys.path.insert(0, os.path.join(HERE, "..", "symm_comm"))
-        import comm_worker
-        comm_worker._stage_collectives_on_host()  # Buffer.resync's all_reduce on a CUDA tensor
-        if ipc_backend_available():
-            return "ipc"
-        comm_worker._use_ipc_backend()  # "torch" -> _IpcBackend
-        return "torch"
-    dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, device_id=torch.device("cuda", rank))
-    return "torch"
+    return init_rank(rank, world, f"tcp://127.0.0.1:{port}").backend
 
 
 def _worker(rank, world, port, seed, scenarios, outdir):

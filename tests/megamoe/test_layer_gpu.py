@@ -18,8 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from layer_cases import (check_metric, fresh_seed, generator, make_inputs, metric, poison, stage_reference_y,  # noqa: E402
-                         why)
+from layer_cases import (L1_CODES_EQUAL, check_metric, fresh_seed, generator, l1_codes_equal, make_inputs,  # noqa: E402
+                         metric, poison, stage_reference_y, why)
 
 SEED = fresh_seed()
 print(f"test_layer_gpu: {why(SEED)}")
@@ -51,10 +51,11 @@ def setup(request):
     layer.destroy()
 
 
-def _reference(weights, cfg, x, idx, w):
+def _reference(weights, cfg, x, idx, w, intermediates=False):
     from megamoe.reference import moe_reference
     _, _, _, _, clamp, pow2 = cfg
-    return moe_reference(x, idx, w, weights, activation_clamp=clamp, pow2_scales=pow2)
+    return moe_reference(x, idx, w, weights, activation_clamp=clamp, pow2_scales=pow2,
+                         return_intermediates=intermediates)
 
 
 def _run_checked(layer, weights, cfg, x, idx, w, what):
@@ -63,12 +64,14 @@ def _run_checked(layer, weights, cfg, x, idx, w, what):
     torch.cuda.synchronize()
     layer.check_errors()
     assert y.shape == x.shape and y.dtype == torch.bfloat16 and y.device == layer.device, what
-    ref = _reference(weights, cfg, x, idx, w)
+    ref, inter = _reference(weights, cfg, x, idx, w, intermediates=True)
     m = metric(y, ref)
     ms = metric(y, stage_reference_y(layer, weights, idx))
-    print(f"{what}: end-to-end within-1-ulp {m['within']:.5f}, rel-fro {m['rel']:.3e}; stage within-1-ulp "
-          f"{ms['within']:.5f}, rel-fro {ms['rel']:.3e}; {m['n']} elements")
+    eq = l1_codes_equal(layer, inter.l1_q)
+    print(f"{what}: stage within-1-ulp {ms['within']:.5f}, rel-fro {ms['rel']:.3e}; L1 codes equal {eq:.5f}; "
+          f"end-to-end within-1-ulp {m['within']:.5f}, rel-fro {m['rel']:.3e}; {m['n']} elements")
     check_metric(ms, what, stage=True)
+    assert eq >= L1_CODES_EQUAL, f"{what}: only {eq:.4f} of the L1 codes equal the float64 recipe's"
     check_metric(m, what)
     return y
 

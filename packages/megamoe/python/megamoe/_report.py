@@ -19,6 +19,7 @@ GPU_COLUMNS = (  # header, row key, format
     ("NVLink MB", "nvlink_bytes", "{:.2f}"), ("floor us", "floor_us", "{:.1f}"), ("bound", "bound", "{}"),
     ("time/floor", "time_over_floor", "{:.2f}"), ("HBM floor us", "hbm_floor_us", "{:.1f}"),
     ("<=1.3xHBM+25us", "target_ok", "{}"), ("vs torch-fp8", "speedup_vs_torch_fp8", "{:.2f}x"),
+    ("GEMMs alone us", "gemms_us", "{:.1f}"), ("TFLOPS vs GEMMs alone", "vs_gemms", "{:.2f}"),
     ("note", "note", "{}"),
 )
 CPU_COLUMNS = (

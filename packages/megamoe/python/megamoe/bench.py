@@ -364,6 +364,11 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
                     elif not capturable:
                         row["note"] += "eager only (host-known all_to_all splits)"
                     del sets, fns
+                    if backend == "staged" and capturable and not cfg["no_graph"]:
+                        # the same two expert GEMMs alone, on the pool the last call left (same tiles, same
+                        # rows): what the layer's quantise + dispatch + combine cost on top of them
+                        row["gemm_s"] = _timing.time_cuda_graph([lambda: call._expert_gemms(T)], warmup=cfg["warmup"],
+                                                                reps=cfg["reps"], batch=GRAPH_BATCH)
                     if check is not None:
                         check()
                 except Exception as e:
@@ -650,11 +655,15 @@ def merge_ranks(per_rank: list[list[dict]], ranks: int, seed: int, peaks: dict) 
             vals = [c[key] for c in cases]
             return None if any(v is None for v in vals) else max(vals)
         graph, eager = worst("graph_s"), worst("eager_s")
+        gemm = None if any(c.get("gemm_s") is None for c in cases) else max(c["gemm_s"] for c in cases)
         note = "; ".join(dict.fromkeys(c["note"] for c in cases if c["note"]))
         shape = PRESETS[c0["preset"]]
         row = make_row(c0["preset"], c0["backend"], c0["T"], ranks, shape, seed, peaks,
                        graph if graph is not None else eager, eager, note)
         row["timing"] = "graph" if graph is not None else ("eager" if eager is not None else "none")
+        row["gemms_us"] = None if gemm is None else gemm * 1e6
+        # the layer's TFLOPS over its two expert GEMMs' TFLOPS alone (same pool, same run): gemms / layer time
+        row["vs_gemms"] = None if gemm is None or not row["time_us"] else gemm * 1e6 / row["time_us"]
         rows.append(row)
     return rows
 

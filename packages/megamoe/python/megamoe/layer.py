@@ -188,15 +188,24 @@ class MegaMoE(torch.nn.Module):
             else:
                 xq, xs = ops.quantize_fp8_cuda(x, pow2=self.pow2_scales)
             pool, ps, pw, counts, h = buf.dispatch(xq, xs, topk_idx, topk_w, check=False)
-            expected = -(-max(T, 1) * self.num_ranks * self.topk // self.num_experts)
-            block_n = ops.pick_block_n(expected)
-            ops.grouped_gemm_l1(pool, ps, self.w1, pw, group_offsets=h.expert_offsets, group_counts=counts,
-                                activation_clamp=self.activation_clamp, pow2=self.pow2_scales, block_n=block_n,
-                                out=(self._aq, self._a_s))
-            cin = buf.combine_input()
-            ops.grouped_gemm(self._aq, self._a_s, self.w2, group_offsets=h.expert_offsets, group_counts=counts,
-                             block_n=block_n, out=cin)
+            cin = self._expert_gemms(T, pool, ps, pw, h.expert_offsets, counts)
             return buf.combine(cin, h, check=False)
+
+    def _expert_gemms(self, T, pool=None, ps=None, pw=None, offsets=None, counts=None):
+        """L1 (SwiGLU x top-k weight -> FP8, preallocated) then L2 (BF16 into the combine input) over the
+        dispatch pool; returns the combine input. Without pool arguments: the last call's pool as it
+        stands (benchmarks time the GEMMs alone this way). T: that call's tokens (picks the token tile)."""
+        ops, buf = self._ops, self.buffer
+        if pool is None:
+            pool, ps, pw, offsets, counts = buf.pool_x, buf.pool_s, buf.pool_w, buf.exp_offsets, buf.exp_counts
+        block_n = ops.pick_block_n(-(-max(T, 1) * self.num_ranks * self.topk // self.num_experts))
+        ops.grouped_gemm_l1(pool, ps, self.w1, pw, group_offsets=offsets, group_counts=counts,
+                            activation_clamp=self.activation_clamp, pow2=self.pow2_scales, block_n=block_n,
+                            out=(self._aq, self._a_s))
+        cin = buf.combine_input()
+        ops.grouped_gemm(self._aq, self._a_s, self.w2, group_offsets=offsets, group_counts=counts, block_n=block_n,
+                         out=cin)
+        return cin
 
     # ---- errors and teardown ---------------------------------------------------------------------
     def check_errors(self) -> None:
