@@ -14,6 +14,7 @@
 using std::max;
 using std::min;
 #define __device__
+#define __forceinline__ inline
 struct Dim3 { unsigned x; };
 static Dim3 blockIdx, gridDim;
 static unsigned g_rank, g_cluster, g_clusters;

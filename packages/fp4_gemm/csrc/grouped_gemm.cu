@@ -49,10 +49,14 @@ struct GemmArgs {
 
 enum class Epilogue { kBF16, kL1 };
 // Named barriers (the kernel's one list): 0 = __syncthreads; 1 = the L1 epilogue's (all 256 math
-// threads, epilogue.cuh store_l1_pair); 2 + wg = the staged BF16 store of math warpgroup wg.
+// threads, epilogue.cuh store_l1_pair); 2 + wg = the staged BF16 store of math warpgroup wg; 4 = the
+// math threads between the unit table's two build steps; 5 = all 384 threads: the table is built.
 constexpr uint32_t kL1Barrier = 1;
 constexpr uint32_t kStoreBarrier0 = 2;
-static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
+constexpr uint32_t kTableScanBarrier = 4;
+constexpr uint32_t kTableBarrier = 5;
+static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= kTableScanBarrier &&
+              kTableBarrier < 16, "named barrier ids");
 
 template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
@@ -69,6 +73,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     return;
   }
   init_pipeline(sm, tid, kThreads);
+  using Sched = GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN>;
   if constexpr (Cfg::kMulticast) {
     // Both CTAs' barriers initialised (and fenced at cluster scope) before any multicast
     // complete_tx or remote arrive; also orders the shift LUT writes like __syncthreads.
@@ -77,9 +82,10 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     __syncthreads();
   }
 
+
   using Regs = RegisterSplit<Cfg::kCtasPerSm>;
   static_assert(Cfg::kL1 == (kEpi == Epilogue::kL1), "the L1 epilogue's storage and tile pairs");
-  GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN> sched(args.pb);
+  Sched sched(args.pb, sm.unit_table());
   Tile t;
   uint32_t iter = 0;
   // No role returns from here on: a timeout ends the role's loop, and every thread reaches the
@@ -89,6 +95,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
     if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
     const uint32_t cta_rank = Cfg::kMulticast ? ptx::cluster_ctarank() : 0u;
+    ptx::named_barrier(kTableBarrier, kThreads);  // the math warps built the unit table
     bool ok = true;
     while (ok && sched.next(t))
       for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
@@ -96,6 +103,11 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
+    // The scheduler's unit table, built by the math warps (the producer's 40 registers cannot hold the
+    // build: it spilled), then the CTA-wide named barrier kTableBarrier releases the producer.
+    static_assert(Sched::kTableThreads == kMathThreads, "the math warpgroups build the table");
+    Sched::build_table(args.pb, sm.unit_table(), reinterpret_cast<int*>(sm.epilogue()), tid - 128, kTableScanBarrier);
+    ptx::named_barrier(kTableBarrier, kThreads);
     auto epilogue = [&](const Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t tiles) {
       const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
       if constexpr (kEpi == Epilogue::kBF16) {
@@ -227,7 +239,8 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   constexpr bool kL1 = kEpi == Epilogue::kL1;
   switch (block_n) {
     case 8: return launch<MainloopConfig<8, 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
-    case 16: return launch<MainloopConfig<16, 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
+    // (L1: 9 stages, its stash and the unit table do not fit beside 10 in half an SM's shared memory)
+    case 16: return launch<MainloopConfig<16, kL1 ? 9 : 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
     case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
     case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
     case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1, kTokenMulticast128, kL1>, kEpi>(a, x, num_sms, stream);

@@ -140,7 +140,9 @@ struct MainloopConfig {
   static constexpr int kStoreOff = kStashOff + kStashBytes;
   static constexpr int kStoreBytes = !kStagedStore ? 0 : kL1 ? kBlockN * kStoreRowBytes
                                                              : kMathThreads / 128 * kBlockN * kStoreRowBytes;
-  static constexpr int kLutOff = kStoreOff + kStoreBytes;  // decode_raw's slow-path table (!kSmemLut32 only)
+  static constexpr int kTableOff = kStoreOff + kStoreBytes;  // the scheduler's unit table [kMaxTableGroups] i32
+  static constexpr int kTableBytes = kUnitTableBytes;
+  static constexpr int kLutOff = kTableOff + kTableBytes;  // decode_raw's slow-path table (!kSmemLut32 only)
   static constexpr int kLutBytes = kSmemLut32 ? 0 : kNumShifts * 8;
   static constexpr int kLut32Off = (kLutOff + kLutBytes + 7) / 8 * 8;
   static constexpr int kLut32Bytes = kSmemLut32 ? kLut32Entries * 8 : 0;
@@ -176,6 +178,7 @@ struct SmemView {
   __device__ float* stash() const { return reinterpret_cast<float*>(base + Cfg::kStashOff); }
   __device__ uint8_t* store_tile(int wg) const { return base + Cfg::kStoreOff + wg * Cfg::kBlockN * Cfg::kStoreRowBytes; }
   __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
+  __device__ int* unit_table() const { return reinterpret_cast<int*>(base + Cfg::kTableOff); }
   __device__ uint8_t* lut32() const { return base + Cfg::kLut32Off; }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
@@ -569,7 +572,11 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   const uint32_t empty_cl = empty_release_addr(sm, lane);
 
   // Load cursor: flat K blocks loaded so far (`loaded`), its tile and K block.
+  // The load cursor walks without the unit table (its binary search's registers spilled inside the
+  // K loop; this path serves many tokens per expert, where groups are rarely empty and steps short).
   Sched load_sched = sched;
+  load_sched.table = nullptr;
+  if constexpr (Cfg::kL1) sched.table = nullptr;  // the L1 kernel: the compute cursor too (12 bytes spilled)
   Tile lt;
   bool l_valid = load_sched.next(lt);
   int l_kb = 0;
