@@ -118,13 +118,27 @@ int main() {
         std::vector<Tile> seq;
         Tile t;
         auto both = [&](Tile u) { seq.push_back(u); ++u.n_block; seq.push_back(u); };
+        // With the shared-memory unit table (built on the host by build_table's serial branch) the
+        // CTA must walk exactly the same units as without it.
+        std::vector<int> tab(kMaxTableGroups);
+        std::vector<Tile> with_table;
+        auto same = [](const Tile& a, const Tile& b) {
+          return a.group == b.group && a.n_block == b.n_block && a.row0 == b.row0 && a.rows == b.rows;
+        };
         if (cl == 2) {
-          GroupedScheduler<128, 128, 2, 2> s(pb);
+          GroupedScheduler<128, 128, 2, 2>::build_table(pb, tab.data(), nullptr, 0, 0);
+          GroupedScheduler<128, 128, 2, 2> s(pb), st(pb, tab.data());
           while (s.next(t)) both(t);
+          while (st.next(t)) with_table.push_back(t);
         } else {
-          GroupedScheduler<128, 128, 1, 2> s(pb);
+          GroupedScheduler<128, 128, 1, 2>::build_table(pb, tab.data(), nullptr, 0, 0);
+          GroupedScheduler<128, 128, 1, 2> s(pb), st(pb, tab.data());
           while (s.next(t)) both(t);
+          while (st.next(t)) with_table.push_back(t);
         }
+        if (with_table.size() * 2 != seq.size()) why = "the unit table changes the number of units";
+        for (size_t i = 0; i < with_table.size() && !why; ++i)
+          if (!same(with_table[i], seq[2 * i])) why = "the unit table changes a unit";
         for (size_t i = 0; i + 1 < seq.size() && !why; i += 2) {
           const Tile &a = seq[i], &b = seq[i + 1];
           if (a.group != b.group || a.row0 != b.row0 || a.rows != b.rows) why = "pair halves on different token tiles";
