@@ -141,28 +141,17 @@ class IpcBackend:
 
     Implementation: torch's own CUDA IPC (UntypedStorage._share_cuda_ / _new_shared_cuda, what
     torch.multiprocessing uses), one share per peer so torch's per-share reference counts balance; no
-    CuPy. SYMM_IPC_IMPL=cupy selects the older CuPy implementation (cudaMalloc + CuPy's IPC calls;
-    needs `pip install cupy-cuda13x`, the `cupy` extra). close() is collective (Buffer.destroy on every
+    CuPy (passed 2 and 4 ranks on one H200, 2026-12-01). close() is collective (Buffer.destroy on every
     rank): no rank frees its buffer while a peer may still use it or before every peer unmapped it."""
     name = "ipc"
 
     def __init__(self, nbytes: int, group, device: torch.device):
         self._group = group
         self._dev = device.index if device.index is not None else torch.cuda.current_device()
-        self._impl = os.environ.get("SYMM_IPC_IMPL", "torch")
-        if self._impl not in ("torch", "cupy"):
-            raise ValueError(f"SYMM_IPC_IMPL: expected 'torch' or 'cupy', got {self._impl!r}")
-        if self._impl == "torch" and not hasattr(torch.UntypedStorage, "_new_shared_cuda"):
-            self._impl = "cupy"  # pragma: no cover - every torch >= 2.4 has it
-        self._ptr = 0
         self._peer_storages = []
-        self._opened = []
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         with torch.cuda.device(self._dev):
-            if self._impl == "torch":
-                self._init_torch(nbytes, group, rank, size)
-            else:
-                self._init_cupy(nbytes, group, rank, size)
+            self._init_torch(nbytes, group, rank, size)
 
     def _init_torch(self, nbytes, group, rank, size):
         self.tensor = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", self._dev))
@@ -189,51 +178,14 @@ class IpcBackend:
             self._peer_storages.append(st)
             self.peer_ptrs.append(int(st.data_ptr()))
 
-    def _init_cupy(self, nbytes, group, rank, size):
-        try:
-            import cupy
-        except ImportError:
-            raise ImportError("symm_comm: SYMM_IPC_IMPL=cupy needs CuPy (`pip install cupy-cuda13x`, the "
-                              "`cupy` extra); the default SYMM_IPC_IMPL=torch does not") from None
-        rt = cupy.cuda.runtime
-        with cupy.cuda.Device(self._dev):
-            self._ptr = rt.malloc(nbytes)
-            mem = cupy.cuda.UnownedMemory(self._ptr, nbytes, self, self._dev)
-            arr = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
-            self.tensor = torch.as_tensor(arr, device=torch.device("cuda", self._dev))
-            handle = rt.ipcGetMemHandle(self._ptr)
-        every = [None] * size
-        dist.all_gather_object(every, handle, group=group)
-        self.peer_ptrs = []
-        with cupy.cuda.Device(self._dev):
-            for r, h in enumerate(every):
-                if r == rank:
-                    self.peer_ptrs.append(self._ptr)
-                else:
-                    p = rt.ipcOpenMemHandle(h, 1)  # cudaIpcMemLazyEnablePeerAccess
-                    self._opened.append(p)
-                    self.peer_ptrs.append(p)
-
     def close(self):
         torch.cuda.synchronize(self._dev)
         dist.barrier(group=self._group)  # every rank's kernels on every buffer done
-        if self._impl == "torch":
-            self._peer_storages = []  # unmaps the peers' buffers (and releases their reference counts)
-            torch.cuda.synchronize(self._dev)
-            dist.barrier(group=self._group)  # every peer unmapped mine
-            self.tensor = None
-            torch.cuda.ipc_collect()
-        else:
-            import cupy
-            with cupy.cuda.Device(self._dev):
-                for p in self._opened:
-                    cupy.cuda.runtime.ipcCloseMemHandle(p)
-                self._opened = []
-                self.tensor = None
-                dist.barrier(group=self._group)
-                if self._ptr:
-                    cupy.cuda.runtime.free(self._ptr)
-                    self._ptr = 0
+        self._peer_storages = []  # unmaps the peers' buffers (and releases their reference counts)
+        torch.cuda.synchronize(self._dev)
+        dist.barrier(group=self._group)  # every peer unmapped mine
+        self.tensor = None
+        torch.cuda.ipc_collect()
 
 
 BACKENDS = ("torch", "nvshmem", "ipc")
