@@ -48,15 +48,12 @@ struct GemmArgs {
 };
 
 enum class Epilogue { kBF16, kL1 };
-// Named barriers (the kernel's one list): 0 = __syncthreads; 1 = the L1 epilogue's (all 256 math
-// threads, epilogue.cuh store_l1_pair); 2 + wg = the staged BF16 store of math warpgroup wg; 4 = the
-// math threads between the unit table's two build steps; 5 = all 384 threads: the table is built.
+// Named barriers (the kernel's one list): 0 = __syncthreads (also inside the unit table's build,
+// before the roles split); 1 = the L1 epilogue's (all 256 math threads, epilogue.cuh store_l1_pair);
+// 2 + wg = the staged BF16 store of math warpgroup wg.
 constexpr uint32_t kL1Barrier = 1;
 constexpr uint32_t kStoreBarrier0 = 2;
-constexpr uint32_t kTableScanBarrier = 4;
-constexpr uint32_t kTableBarrier = 5;
-static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= kTableScanBarrier &&
-              kTableBarrier < 16, "named barrier ids");
+static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
 
 template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
@@ -74,6 +71,10 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   }
   init_pipeline(sm, tid, kThreads);
   using Sched = GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN>;
+  // The scheduler's unit table, by every thread before the roles split (scratch: the epilogue's
+  // storage, unused until the first tile), then __syncthreads before any role's first next().
+  static_assert(Sched::kTableThreads == kThreads, "the whole CTA builds the unit table");
+  Sched::build_table(args.pb, sm.unit_table(), reinterpret_cast<int*>(sm.epilogue()), tid, 0);
   if constexpr (Cfg::kMulticast) {
     // Both CTAs' barriers initialised (and fenced at cluster scope) before any multicast
     // complete_tx or remote arrive; also orders the shift LUT writes like __syncthreads.
@@ -83,6 +84,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   }
 
 
+  __syncthreads();  // the unit table complete (CTA-local) before any role reads it
   using Regs = RegisterSplit<Cfg::kCtasPerSm>;
   static_assert(Cfg::kL1 == (kEpi == Epilogue::kL1), "the L1 epilogue's storage and tile pairs");
   Sched sched(args.pb, sm.unit_table());
@@ -95,7 +97,6 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
     if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
     const uint32_t cta_rank = Cfg::kMulticast ? ptx::cluster_ctarank() : 0u;
-    ptx::named_barrier(kTableBarrier, kThreads);  // the math warps built the unit table
     bool ok = true;
     while (ok && sched.next(t))
       for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
@@ -103,11 +104,6 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    // The scheduler's unit table, built by the math warps (the producer's 40 registers cannot hold the
-    // build: it spilled), then the CTA-wide named barrier kTableBarrier releases the producer.
-    static_assert(Sched::kTableThreads == kMathThreads, "the math warpgroups build the table");
-    Sched::build_table(args.pb, sm.unit_table(), reinterpret_cast<int*>(sm.epilogue()), tid - 128, kTableScanBarrier);
-    ptx::named_barrier(kTableBarrier, kThreads);
     auto epilogue = [&](const Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t tiles) {
       const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
       if constexpr (kEpi == Epilogue::kBF16) {

@@ -113,27 +113,28 @@ struct GroupedScheduler {
   static __device__ __forceinline__ int units_per_group_m(int m, int n_units) { return (m + kBlockN - 1) / kBlockN * n_units; }
   static __device__ __forceinline__ int n_units_of(const GroupedProblem& p) { return (p.n / kBlockRows + kUnitN - 1) / kUnitN; }
 
-  // The unit table, built by kTableThreads threads (`tid` 0..255, whole warps, all of them: the math
-  // warpgroups) with `scratch` (8 ints of shared memory) and the named barrier `bar_id` of those
-  // threads. Thread tid takes groups 4 tid .. 4 tid + 3: a local prefix, a warp scan of the thread
-  // totals, the 8 warp totals through shared memory. The caller synchronises the table's readers after.
-  static constexpr int kTableThreads = 256;
-  static_assert(kTableThreads * 4 == kMaxTableGroups, "four groups per thread");
+  // The unit table, built by kTableThreads threads (`tid` 0..383, whole warps, all of them: the CTA,
+  // before its roles split) with `scratch` (12 ints of shared memory) and the barrier `bar_id` of those
+  // threads. Thread tid takes groups 3 tid .. 3 tid + 2: a local prefix, a warp scan of the thread
+  // totals, the 12 warp totals through shared memory. The caller synchronises the table's readers after.
+  static constexpr int kTableThreads = 384;  // the whole CTA of the standalone kernels
+  static constexpr int kTableGroupsPerThread = (kMaxTableGroups + kTableThreads - 1) / kTableThreads;
   static __device__ __forceinline__ void build_table(const GroupedProblem& p, int* tab, int* scratch, int tid,
                                                      uint32_t bar_id) {
 #ifdef __CUDA_ARCH__
     if (p.num_groups > kMaxTableGroups) return;
+    constexpr int kPer = kTableGroupsPerThread;
     const int nu = n_units_of(p), lane = tid % 32, warp = tid / 32;
-    int v[4];
+    int v[kPer];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // the same clamped sizes the walk uses
-      const int g = 4 * tid + i;
+    for (int i = 0; i < kPer; ++i) {  // the same clamped sizes the walk uses
+      const int g = kPer * tid + i;
       int m = 0;
       int64_t r0;
       if (g < p.num_groups) group_rows(p, g, r0, m);
       v[i] = units_per_group_m(m, nu) + (i > 0 ? v[i - 1] : 0);
     }
-    int incl = v[3];
+    int incl = v[kPer - 1];
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int y = __shfl_up_sync(0xffffffffu, incl, o);
@@ -141,11 +142,11 @@ struct GroupedScheduler {
     }
     if (lane == 31) scratch[warp] = incl;
     asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(kTableThreads) : "memory");
-    int before = incl - v[3];
+    int before = incl - v[kPer - 1];
     for (int w = 0; w < warp; ++w) before += scratch[w];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (4 * tid + i < p.num_groups) tab[4 * tid + i] = before + v[i];
+    for (int i = 0; i < kPer; ++i)
+      if (kPer * tid + i < p.num_groups) tab[kPer * tid + i] = before + v[i];
 #else
     (void)scratch, (void)bar_id;
     if (tid == 0 && p.num_groups <= kMaxTableGroups) {  // host builds (tests): the same prefix, serially

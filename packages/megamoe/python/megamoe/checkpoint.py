@@ -45,7 +45,10 @@ from pathlib import Path
 from typing import Iterable, Sequence, Union
 
 import torch
-from safetensors import safe_open
+try:  # a dependency of the package; guarded so that `import megamoe` never fails on it
+    from safetensors import safe_open
+except ImportError:  # pragma: no cover
+    safe_open = None
 
 from fp4_gemm.numerics import (E8M0_NAN, MX_GROUP, TransformedWeights, quantize_mxfp4,
                                transform_weights)
@@ -158,6 +161,8 @@ class _Checkpoint:
     def _open(self, path: Path):
         if path not in self._handles:
             try:
+                if safe_open is None:
+                    raise ImportError("megamoe.load_experts needs the `safetensors` package (pip install safetensors)")
                 self._handles[path] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             except Exception as exc:  # safetensors raises its own error types
                 raise CheckpointError(f"cannot open {path}: {exc}") from exc
