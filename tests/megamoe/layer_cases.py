@@ -31,7 +31,7 @@ E2E_WITHIN = 0.0       # end-to-end reference: reported, not asserted (see above
 E2E_REL = 3e-2
 L1_CODES_EQUAL = 0.98  # fraction of the layer's L1 E4M3 codes equal to the float64 recipe's
 FP8_NAN = 0x7F         # E4M3 (fn) NaN byte: poison for FP8 intermediates
-SCALE_GROUP = 128      # channels per FP8 scale of the L2 input (fp4_gemm.ops.SCALE_GROUP)
+from megamoe.weights import SCALE_GROUP  # noqa: E402  (channels per FP8 scale of the L2 input)
 
 
 def fresh_seed() -> int:

@@ -32,7 +32,12 @@ from fp4_gemm.numerics import (TransformedWeights, deinterleave_rows, dequantize
 __all__ = ["MoEWeights", "MoEIntermediates", "make_weights", "moe_reference",
            "moe_reference_distributed", "run_local_ranks", "X_GRAN"]
 
-X_GRAN = 128  # input activation channels per FP32 scale (DeepEP convention, fixed by the design)
+from fp4_gemm.layout import constants as _fp4_constants
+
+# Channels per FP32 scale of every FP8 activation (the input, DeepEP's convention, and the L2 input):
+# the one constant fp4_gemm's kernels use (include/fp4_gemm/layout.cuh kScaleGroup).
+SCALE_GROUP = _fp4_constants()["kScaleGroup"]
+X_GRAN = SCALE_GROUP
 FP8 = torch.float8_e4m3fn
 
 
@@ -187,7 +192,7 @@ class MoEIntermediates:
 
 
 def moe_reference(x, topk_idx, topk_w, weights: MoEWeights, *, activation_clamp: float = math.inf,
-                  pow2_scales: bool = False, l2_gran: int = 128, return_intermediates: bool = False):
+                  pow2_scales: bool = False, l2_gran: int = SCALE_GROUP, return_intermediates: bool = False):
     """y BF16 [T, H] of the quantised MoE layer (DESIGN.md section 1) for all experts in one process.
 
     pow2_scales rounds both the input and the L2-input FP8 scales up to powers of two.
@@ -225,7 +230,7 @@ def _all_to_all(t: torch.Tensor, send_splits: list, recv_splits: list, group) ->
 
 def moe_reference_distributed(x, topk_idx, topk_w, weights_local: MoEWeights, group=None, *,
                               activation_clamp: float = math.inf, pow2_scales: bool = False,
-                              l2_gran: int = 128) -> torch.Tensor:
+                              l2_gran: int = SCALE_GROUP) -> torch.Tensor:
     """y BF16 [T, H] for this rank's tokens; rank r owns experts [r E/R, (r+1) E/R).
 
     Exchanges what the kernel exchanges: FP8 rows, their scales and the top-k weight go to the

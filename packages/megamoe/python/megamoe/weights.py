@@ -15,7 +15,9 @@ import torch
 
 from fp4_gemm.numerics import MAX_SHIFT, MIN_SHIFT, TransformedWeights
 
-SCALE_GROUP = 128  # channels per FP8 activation scale, input and L2 input (fp4_gemm.ops.SCALE_GROUP)
+from fp4_gemm.layout import constants as _fp4_constants
+
+SCALE_GROUP = _fp4_constants()["kScaleGroup"]  # channels per FP8 activation scale, input and L2 input
 MX_GROUP = 32      # K elements per MXFP4 exponent (shift) group
 
 __all__ = ["ExpertWeights", "check_weights", "local_experts", "WeightShapes"]
