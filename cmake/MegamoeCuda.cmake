@@ -5,6 +5,8 @@
 #    a hard error (ptxas warnings are promoted to errors).
 include(CheckLanguage)
 set(MEGAMOE_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
+# Headers every package includes (the one PTX wrapper layer): packages/common/include/moe_common/.
+set(MEGAMOE_COMMON_INCLUDE "${CMAKE_CURRENT_LIST_DIR}/../packages/common/include")
 
 set(MEGAMOE_MIN_NVCC "12.8" CACHE STRING "oldest nvcc that can build the sm_90a kernels")
 option(MEGAMOE_REQUIRE_CUDA "fail the configure step when nvcc is missing or too old" OFF)
@@ -60,5 +62,7 @@ endfunction()
 function(megamoe_install_headers pkg)
   if(MEGAMOE_INSTALL_PYTHON AND EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/include")
     install(DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}/include/" DESTINATION ${pkg}/include)
+    # the common headers beside each package's own, so <pkg>/include alone is a complete include path
+    install(DIRECTORY "${MEGAMOE_COMMON_INCLUDE}/" DESTINATION ${pkg}/include)
   endif()
 endfunction()

@@ -297,7 +297,7 @@ struct DecodeOffsets {
     code = wg * WL::kWgChunkBytes + tid_in_wg * WL::kCodeBytesPerThreadStep;
     shift = wg * WL::kWgChunkBytes + WL::kCodeBytes + ((tid_in_wg / 32) * 8 + (tid_in_wg % 32) / 4) * 8;
     // Opaque: keeps them in registers instead of re-deriving them from %tid inside the loop.
-    asm volatile("" : "+r"(code), "+r"(shift));
+    ptx::keep_in_register(code, shift);
   }
 };
 
@@ -426,7 +426,7 @@ template <class Cfg>
 __device__ __forceinline__ uint32_t empty_release_addr(const SmemView<Cfg>& sm, int lane) {
   if constexpr (Cfg::kMulticast) {
     uint32_t addr = ptx::mapa_shared_cluster(sm.empty(0), uint32_t(lane % Cfg::kClusterN));
-    asm volatile("" : "+r"(addr));  // kept in a register
+    ptx::keep_in_register(addr);
     return addr;
   } else {
     return 0;
@@ -476,7 +476,7 @@ __device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, RingPos<Cfg> 
 template <class Cfg>
 __device__ __forceinline__ uint32_t scale_offset(int lane) {
   uint32_t off = (lane % 4) * Cfg::kScaleQuadFloats * 4;
-  asm volatile("" : "+r"(off));  // computed once, kept in a register
+  ptx::keep_in_register(off);  // computed once
   return off;
 }
 
@@ -500,7 +500,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
   constexpr int kSteps = WL::kStepsPerBlockK;
   constexpr int kScales = Cfg::kBlockN / 4;
   int lane = tid_in_wg % 32;
-  asm volatile("" : "+r"(lane));  // kept in a register: an S2R of %tid inside the loop stalled the wgmma issue
+  ptx::keep_in_register(lane);  // an S2R of %tid inside the loop stalled the wgmma issue
   const int k_blocks = pb.k / Cfg::kBlockK;
   float part0[Cfg::kAccRegs], part1[Cfg::kAccRegs];
   float sc0[kScales], sc1[kScales];
@@ -565,7 +565,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   static_assert(Cfg::kPath == WeightPath::kRegs, "the kSmem path runs mma_tile");
   constexpr int kSteps = WL::kStepsPerBlockK;
   int lane = tid_in_wg % 32;
-  asm volatile("" : "+r"(lane));  // kept in a register: an S2R of %tid inside the loop stalled the wgmma issue
+  ptx::keep_in_register(lane);  // an S2R of %tid inside the loop stalled the wgmma issue
   const int k_blocks = pb.k / Cfg::kBlockK;
   const DecodeOffsets off(wg, tid_in_wg);
   const uint32_t scale_off = scale_offset<Cfg>(lane);
@@ -642,7 +642,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     }
     // The scales are needed only by the promotion: loaded after the decode so the decode does not
     // wait for them (they shared a scoreboard with the decode's inputs).
-    asm volatile("" ::: "memory");
+    ptx::compiler_barrier();
     float scale[Cfg::kBlockN / 4];
     load_token_scales(sm, s, scale_off, scale);
     retire_block(sm, s, lane, a, part, scale, acc, empty_cl);

@@ -141,7 +141,7 @@ struct GroupedScheduler {
       if (lane >= o) incl += y;
     }
     if (lane == 31) scratch[warp] = incl;
-    asm volatile("bar.sync %0, %1;" ::"r"(bar_id), "r"(kTableThreads) : "memory");
+    ptx::named_barrier(bar_id, kTableThreads);
     int before = incl - v[kPer - 1];
     for (int w = 0; w < warp; ++w) before += scratch[w];
 #pragma unroll

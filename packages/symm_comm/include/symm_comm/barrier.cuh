@@ -14,7 +14,7 @@
 #if defined(__CUDACC__)
 namespace symm {
 
-__device__ __forceinline__ bool timed_out(uint64_t deadline) { return ptx::globaltimer() > deadline; }
+__device__ __forceinline__ bool timed_out(uint64_t deadline) { return ptx::globaltimer_ns() > deadline; }
 
 // Grid barrier among the first n groups, run by ONE warp per group, for data local to this GPU
 // (dispatch's one-pass metadata scan). gpu scope on purpose: a fence.sys would also wait for the
@@ -145,7 +145,7 @@ struct CallStart {
 // kernel in stream order: relaxed suffices).
 __device__ __forceinline__ CallStart begin_call(const SymmLayout& L, const uint64_t* peers_g, uint64_t* s_peers,
                                                 int op, int32_t* host_err, uint64_t timeout_ns) {
-  const uint64_t deadline = ptx::globaltimer() + timeout_ns;
+  const uint64_t deadline = ptx::globaltimer_ns() + timeout_ns;
   load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
   __syncthreads();
   const uint64_t local = s_peers[L.rank];
@@ -169,7 +169,7 @@ __device__ __forceinline__ bool cta_end_publish_epoch(uint32_t* word, uint64_t* 
 
 // Diagnostics: %globaltimer into state stamp i (one thread; plain local store, read by the host).
 __device__ __forceinline__ void stamp(uint64_t local, const SymmLayout& L, int i) {
-  state_stamps(local, L)[i] = ptx::globaltimer();
+  state_stamps(local, L)[i] = ptx::globaltimer_ns();
 }
 
 }  // namespace symm
