@@ -24,6 +24,10 @@ CONTIGUOUS_CASES = [
     (4, 7168, 256, [300, 0, 77, 1]),
     (2, 256, 7168, [513, 2]),
     (3, 512, 384, [4096, 9, 1000]),
+    # the scheduler's shared-memory unit table across all 12 warps of its build (> 96 groups), and the
+    # plain walk beyond its 1024 groups
+    (300, 128, 128, "random40"),
+    (1100, 128, 128, "random40"),
 ]
 
 
@@ -31,8 +35,8 @@ CONTIGUOUS_CASES = [
 @pytest.mark.parametrize("block_n", [None, 8, 16, 32, 64, 128])  # every kernel configuration
 def test_contiguous(G, N, K, sizes, block_n):
     gen = fresh_generator()
-    if sizes == "random":
-        sizes = torch.randint(0, 300, (G,), generator=gen).tolist()
+    if sizes in ("random", "random40"):
+        sizes = torch.randint(0, 300 if sizes == "random" else 40, (G,), generator=gen).tolist()
         sizes[0] = 0
     tw, pw = random_weights(G, N, K, gen)
     M = sum(sizes)

@@ -19,10 +19,14 @@ from gemm_cases import (fresh_generator, check_l1, gemm_reference, l1_reference,
                                                  (5, 384, 1024, [0, 200, 5, 129, 0], 128),
                                                  # many pair units (> the ~66 clusters): CTAs run several,
                                                  # dummy pairs between real ones
-                                                 (4, 384, 512, [4000, 3000, 1000, 300], 128)])
+                                                 (4, 384, 512, [4000, 3000, 1000, 300], 128),
+                                                 # the unit table across every warp of its build (> 96 groups)
+                                                 (300, 128, 256, "random40", None)])
 @pytest.mark.parametrize("clamp,pow2", [(float("inf"), False), (1.0, False), (float("inf"), True)])
 def test_l1_contiguous(G, I, K, sizes, block_n, clamp, pow2):
     gen = fresh_generator()
+    if sizes == "random40":
+        sizes = torch.randint(0, 40, (G,), generator=gen).tolist()
     tw, pw = random_weights(G, 2 * I, K, gen, gate_up=True)
     M = sum(sizes)
     x = random_tokens(M, K, gen)

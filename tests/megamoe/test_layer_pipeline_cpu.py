@@ -36,8 +36,17 @@ class FakeOps:
         self.calls = []
 
     @staticmethod
-    def quantize_fp8_cuda(x, gran=128, pow2=False):
-        return quantize_fp8(x, gran=gran, pow2=pow2)
+    def quantize_fp8_cuda(x, gran=128, pow2=False, out=None):
+        q, s = quantize_fp8(x, gran=gran, pow2=pow2)
+        if out is None:
+            return q, s
+        out[0].copy_(q)
+        out[1].copy_(s)
+        return out
+
+    @staticmethod
+    def error_word(device):
+        return None
 
     @staticmethod
     def _rows(group_offsets, group_counts):
@@ -145,8 +154,7 @@ def _stand_in_layer(weights, K, T_max, clamp, pow2):
     P = layer.buffer.pool_rows
     layer._aq = torch.zeros(P, I, dtype=torch.float8_e4m3fn)
     layer._a_s = torch.zeros(P, I // 128)
-    layer._quant_out = False
-    layer._xq, layer._xs = torch.empty(0, H, dtype=torch.float8_e4m3fn), torch.empty(0, H // 128)
+    layer._xq, layer._xs = torch.empty(T_max, H, dtype=torch.float8_e4m3fn), torch.empty(T_max, H // 128)
     layer._closed = False
     layer._layer_id = _ops.register(layer)
     return layer

@@ -77,14 +77,11 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   Sched::build_table(args.pb, sm.unit_table(), reinterpret_cast<int*>(sm.epilogue()), tid, 0);
   if constexpr (Cfg::kMulticast) {
     // Both CTAs' barriers initialised (and fenced at cluster scope) before any multicast
-    // complete_tx or remote arrive; also orders the shift LUT writes like __syncthreads.
+    // complete_tx or remote arrive; also orders the shift LUT writes like __syncthreads. The
+    // __syncthreads after it orders the unit table as racecheck sees it (it was flagged without).
     ptx::cluster_sync();
-  } else {
-    __syncthreads();
   }
-
-
-  __syncthreads();  // the unit table complete (CTA-local) before any role reads it
+  __syncthreads();  // the shift LUT and the unit table complete (CTA-local) before any role reads them
   using Regs = RegisterSplit<Cfg::kCtasPerSm>;
   static_assert(Cfg::kL1 == (kEpi == Epilogue::kL1), "the L1 epilogue's storage and tile pairs");
   Sched sched(args.pb, sm.unit_table());

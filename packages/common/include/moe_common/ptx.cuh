@@ -65,12 +65,6 @@ __device__ __forceinline__ bool mbar_wait(uint64_t* bar, uint32_t parity, uint64
   return true;
 }
 
-__device__ __forceinline__ uint32_t lane_id() {
-  uint32_t r;
-  asm("mov.u32 %0, %%laneid;" : "=r"(r));
-  return r;
-}
-
 // ---------------------------------------------------------------- thread block clusters
 // This CTA's rank in its cluster (0 .. cluster size - 1; the bit of a multicast mask).
 __device__ __forceinline__ uint32_t cluster_ctarank() {

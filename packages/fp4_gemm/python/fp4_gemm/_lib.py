@@ -20,10 +20,17 @@ LIB = NativeLib("fp4_gemm", Path(__file__).parent, {
 ABI_VERSION = 2  # csrc/errors.cu fp4g_abi_version: group_counts, L1 scales per 128 channels
 
 
+_abi_ok: set = set()
+
+
 def require_abi(lib: NativeLib = LIB) -> None:
-    """The loaded library must implement this package's C ABI (an older build has other signatures)."""
+    """The loaded library must implement this package's C ABI (an older build has other signatures).
+    Checked once per library (a ctypes call on every GEMM costs host time)."""
+    if id(lib) in _abi_ok:
+        return
     lib.require()
     got = lib.lib.fp4g_abi_version()
     if got != ABI_VERSION:
         from ._native import KernelsNotBuiltError
         raise KernelsNotBuiltError(f"libfp4_gemm.so implements ABI {got}, this package needs {ABI_VERSION}: rebuild it")
+    _abi_ok.add(id(lib))

@@ -15,7 +15,6 @@ from .layout import constants as _constants
 # Channels per activation scale (layout.cuh kScaleGroup): the layer input (DeepEP's convention on
 # Hopper) and the L1 output = L2 input use the same granularity.
 SCALE_GROUP = _constants()["kScaleGroup"]
-GROUP = SCALE_GROUP
 
 
 def _require_cuda(entry: str, x) -> None:
@@ -25,18 +24,18 @@ def _require_cuda(entry: str, x) -> None:
         require_cuda_device(entry)
 
 
-def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
+def quantize_fp8_cuda(x, gran: int = SCALE_GROUP, pow2: bool = False, out=None):
     """BF16 [T, H] (CuPy: uint16 raw BF16 bits) -> (E4M3 [T, H], FP32 scales [T, H/128]); zero tokens
     launch nothing. out: optional preallocated (q, scales) of those shapes (contiguous), written and returned."""
     LIB.require()
     _require_cuda("fp4_gemm.quantize_fp8", x)
-    if gran != GROUP:
-        raise ValueError(f"gran: the CUDA quantiser supports gran={GROUP} only, got {gran}")
+    if gran != SCALE_GROUP:
+        raise ValueError(f"gran: the CUDA quantiser supports gran={SCALE_GROUP} only, got {gran}")
     xv = A.view(x, "x")
     A.check(xv, "x", ("bf16", "u16"), ndim=2)
     T, H = xv.shape
-    if H % GROUP:
-        raise ValueError(f"x: hidden size {H} is not a multiple of {GROUP}")
+    if H % SCALE_GROUP:
+        raise ValueError(f"x: hidden size {H} is not a multiple of {SCALE_GROUP}")
     if T > 0 and xv.strides[1] != 1:
         raise ValueError(f"x: the last dimension must be contiguous (strides {xv.strides})")
     if T > 1 and xv.strides[0] % 4:
@@ -45,7 +44,7 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
         raise ValueError("x: data pointer must be 8-byte aligned")
     if out is None:
         q = A.empty_like_framework(xv, (T, H), "fp8")
-        s = A.empty_like_framework(xv, (T, H // GROUP), "f32")
+        s = A.empty_like_framework(xv, (T, H // SCALE_GROUP), "f32")
         if T == 0:  # a rank with no tokens: empty outputs, nothing launched
             return q, s
     else:
@@ -55,8 +54,8 @@ def quantize_fp8_cuda(x, gran: int = GROUP, pow2: bool = False, out=None):
     qv, sv = A.view(q, "out[0] (q)"), A.view(s, "out[1] (scales)")
     A.check(qv, "out[0] (q)", ("fp8", "u8"), ndim=2, contiguous=True)
     A.check(sv, "out[1] (scales)", ("f32",), ndim=2, contiguous=True)
-    if tuple(qv.shape) != (T, H) or tuple(sv.shape) != (T, H // GROUP):
-        raise ValueError(f"out: expected shapes {(T, H)} and {(T, H // GROUP)}, got {qv.shape} and {sv.shape}")
+    if tuple(qv.shape) != (T, H) or tuple(sv.shape) != (T, H // SCALE_GROUP):
+        raise ValueError(f"out: expected shapes {(T, H)} and {(T, H // SCALE_GROUP)}, got {qv.shape} and {sv.shape}")
     A.same_device(xv, qv, sv)
     if T == 0:  # a rank with no tokens: nothing to launch
         return q, s
@@ -96,15 +95,27 @@ def prepare_weights(tw, device="cuda") -> PackedWeights:
     return PackedWeights(packed.contiguous(), row_scale, G, N, K, bool(getattr(tw, "gate_up_interleave", False)))
 
 
+def error_word(device):
+    """The GEMMs' device error word of a torch device (created once; create it outside CUDA-graph
+    capture, e.g. when setting up a layer, so no graph's memory pool owns it)."""
+    import torch
+    d = torch.device(device)
+    return _error_word_for("torch", d.index if d.index is not None else torch.cuda.current_device())
+
+
 def _error_word(a: A.DevArray):
-    key = (a.framework, a.device)
+    return _error_word_for(a.framework, a.device)
+
+
+def _error_word_for(framework: str, device: int):
+    key = (framework, device)
     if key not in _err_words:
-        if a.framework == "torch":
+        if framework == "torch":
             import torch
-            _err_words[key] = torch.zeros(1, dtype=torch.int32, device=f"cuda:{a.device}")
+            _err_words[key] = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
         else:
             import cupy
-            with cupy.cuda.Device(a.device):
+            with cupy.cuda.Device(device):
                 _err_words[key] = cupy.zeros(1, dtype=cupy.int32)
     return _err_words[key]
 
@@ -171,8 +182,8 @@ def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, gr
     _check_weights(w, pv, rv)
     if xv.shape[-1] != K:
         raise ValueError(f"x: last dimension {xv.shape[-1]} != weights' K {K}")
-    if tuple(sv.shape) != tuple(xv.shape[:-1]) + (K // GROUP,):
-        raise ValueError(f"x_scales: expected shape {tuple(xv.shape[:-1]) + (K // GROUP,)}, got {sv.shape}")
+    if tuple(sv.shape) != tuple(xv.shape[:-1]) + (K // SCALE_GROUP,):
+        raise ValueError(f"x_scales: expected shape {tuple(xv.shape[:-1]) + (K // SCALE_GROUP,)}, got {sv.shape}")
     if masked:
         if xv.shape[0] != G or gv.shape[0] != G:
             raise ValueError(f"x / masked_m: expected {G} groups, got {xv.shape[0]} / {gv.shape[0]}")
@@ -247,7 +258,6 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_cou
     return out
 
 
-L1_SCALE_GROUP = SCALE_GROUP  # intermediate channels per L1 output scale (= the L2 GEMM's x_scales granularity)
 
 
 def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, group_counts=None, masked_m=None,
@@ -262,9 +272,9 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
     if not activation_clamp >= 0:
         raise ValueError(f"activation_clamp: must be >= 0 (inf for none), got {activation_clamp}")
     p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts, entry="fp4_gemm.ops.grouped_gemm_l1")
-    if (w.n // 2) % L1_SCALE_GROUP:
+    if (w.n // 2) % SCALE_GROUP:
         raise ValueError(f"w: the L1 epilogue needs an intermediate size (N / 2 = {w.n // 2}) that is a multiple of "
-                         f"{L1_SCALE_GROUP} (one output scale per {L1_SCALE_GROUP} channels)")
+                         f"{SCALE_GROUP} (one output scale per {SCALE_GROUP} channels)")
     tv = A.view(topk_w, "topk_w")
     A.check(tv, "topk_w", ("f32",), ndim=len(p.lead), contiguous=True)
     if tuple(tv.shape) != p.lead:
@@ -274,7 +284,7 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
     if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
         raise ValueError("out: expected a (q, scales) pair")
     q, qv = _output(p, None if out is None else out[0], p.lead + (inter,), ("fp8", "u8"), "out[0] (q)")
-    s, s_v = _output(p, None if out is None else out[1], p.lead + (inter // L1_SCALE_GROUP,), ("f32",),
+    s, s_v = _output(p, None if out is None else out[1], p.lead + (inter // SCALE_GROUP,), ("f32",),
                      "out[1] (scales)")
     if qv.ptr % 16:
         raise ValueError("out[0] (q): data pointer must be 16-byte aligned (16-byte row-piece stores)")

@@ -17,7 +17,7 @@ import torch
 
 from . import ops
 
-GROUP = ops.GROUP
+SCALE_GROUP = ops.SCALE_GROUP
 
 
 @torch.library.custom_op("fp4_gemm::quantize_fp8", mutates_args=())
@@ -28,7 +28,7 @@ def quantize_fp8(x: torch.Tensor, pow2: bool = False) -> tuple[torch.Tensor, tor
 @quantize_fp8.register_fake
 def _(x, pow2=False):
     T, H = x.shape
-    return x.new_empty((T, H), dtype=torch.float8_e4m3fn), x.new_empty((T, H // GROUP), dtype=torch.float32)
+    return x.new_empty((T, H), dtype=torch.float8_e4m3fn), x.new_empty((T, H // SCALE_GROUP), dtype=torch.float32)
 
 
 def _weights(packed, row_scale, n, k):
@@ -78,4 +78,4 @@ def grouped_gemm_l1_contiguous(x: torch.Tensor, x_scales: torch.Tensor, packed: 
 def _(x, x_scales, packed, row_scale, topk_w, group_offsets, n, k, activation_clamp=-1.0, pow2=False, block_n=0):
     inter = n // 2
     return (x.new_empty((x.shape[0], inter), dtype=torch.float8_e4m3fn),
-            x.new_empty((x.shape[0], inter // ops.L1_SCALE_GROUP), dtype=torch.float32))
+            x.new_empty((x.shape[0], inter // SCALE_GROUP), dtype=torch.float32))

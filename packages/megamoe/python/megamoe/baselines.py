@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .reference import _all_to_all  # the one row exchange over all_to_all_single
 from fp4_gemm.numerics import (MAX_SHIFT, MIN_EXACT_SHIFT, MIN_SHIFT, MX_GROUP, TransformedWeights,
                                quantize_mxfp4, transform_weights)
 
@@ -245,12 +246,6 @@ def torch_moe(x: torch.Tensor, topk_idx: torch.Tensor, topk_w: torch.Tensor, W: 
         rows = _expert_rows(W, x.bfloat16(), None, tok, topk_w.reshape(-1).float(), expert)
     rows = torch.where((expert < len(W.experts)).unsqueeze(1), rows.float(), 0.0)
     return torch.zeros(T, W.hidden, dtype=torch.float32, device=x.device).index_add_(0, tok, rows).bfloat16()
-
-
-def _all_to_all(t: torch.Tensor, send: list, recv: list, group) -> torch.Tensor:
-    out = t.new_empty((sum(recv), *t.shape[1:]))
-    dist.all_to_all_single(out, t.contiguous(), recv, send, group=group)
-    return out
 
 
 def torch_moe_distributed(x, topk_idx, topk_w, W: DenseExperts, group=None) -> torch.Tensor:

@@ -16,7 +16,6 @@ H200 ceilings, not this machine's, so floor columns read "n/a (no GPU)". The met
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
@@ -295,9 +294,7 @@ def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens:
         from . import ExpertWeights, MegaMoE
         from .baselines import make_fp4_experts
         tw1, tw2 = make_fp4_experts(per_rank, shape.H, shape.I, device=device, seed=seed)
-        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, backend="staged")
-        if "topk" in inspect.signature(MegaMoE.__init__).parameters:
-            kwargs["topk"] = shape.K
+        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, topk=shape.K, backend="staged")
         layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
         del tw1, tw2
         layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream

@@ -73,29 +73,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as this layer's experts (the message names the tensor)."""
 
 
-try:  # the layer's own container, if present
-    from .weights import ExpertWeights  # type: ignore
-except ImportError:
-    @dataclass
-    class ExpertWeights:
-        """Experts `experts` (global ids) of a layer with `num_experts` experts, in kernel layout."""
-        num_experts: int
-        experts: range
-        w1: TransformedWeights  # [E_local, 2I, H], gate/up rows interleaved
-        w2: TransformedWeights  # [E_local, H, I]
-
-        @property
-        def hidden(self) -> int:
-            return self.w2.codes.shape[1]
-
-        @property
-        def intermediate(self) -> int:
-            return self.w2.codes.shape[2] * 2
-
-        @property
-        def n_clamped(self) -> int:
-            """MXFP4 groups the transform clamped (shift below its exact range; lossy)."""
-            return self.w1.n_clamped + self.w2.n_clamped
+from .weights import ExpertWeights  # noqa: E402
 
 
 # --- files ----------------------------------------------------------------------------------------
@@ -396,5 +374,5 @@ def load_experts(paths: PathLike | Sequence[PathLike], *, num_experts: int, hidd
     if n_clamped and warn_clamped:
         warnings.warn(f"load_experts({prefix}, experts {experts.start}..{experts.stop - 1}): the MXFP4 transform "
                       f"clamped {w1.n_clamped} W1 and {w2.n_clamped} W2 groups (shift below the exact range; "
-                      "lossy, all-zero groups included)", stacklevel=2)
+                      "lossy; all-zero groups are exact and not counted)", stacklevel=2)
     return out

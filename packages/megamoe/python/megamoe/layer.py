@@ -31,13 +31,6 @@ log = logging.getLogger("megamoe")
 __all__ = ["MegaMoE"]
 
 
-def _is_compiling() -> bool:
-    try:
-        return bool(torch.compiler.is_compiling())
-    except Exception:  # pragma: no cover - older torch
-        return False
-
-
 class MegaMoE(torch.nn.Module):
     """The MoE layer of one rank. Rank r of R holds experts [r*E/R, (r+1)*E/R).
 
@@ -98,7 +91,8 @@ class MegaMoE(torch.nn.Module):
                                   self.device)
         n_clamped = int(getattr(weights.w1, "n_clamped", 0)) + int(getattr(weights.w2, "n_clamped", 0))
         if n_clamped:
-            log.warning("megamoe: %d weight groups were clamped by the FP4 -> FP8 transform (lossy)", n_clamped)
+            log.warning("megamoe: up to %d weight groups were clamped by the FP4 -> FP8 transform (lossy; a count over "
+                        "the weight set these experts came from)", n_clamped)
 
         with torch.cuda.device(self.device):
             self.w1 = ops.prepare_weights(weights.w1, device=self.device)
@@ -113,14 +107,11 @@ class MegaMoE(torch.nn.Module):
             P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
             self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
-            self._quant_out = "out" in inspect.signature(ops.quantize_fp8_cuda).parameters
-            if self._quant_out:
-                self._xq = torch.empty((max_tokens_per_rank, H), dtype=torch.float8_e4m3fn, device=self.device)
-                self._xs = torch.empty((max_tokens_per_rank, H // SCALE_GROUP), dtype=torch.float32,
-                                       device=self.device)
-            else:
-                self._xq = torch.empty((0, H), dtype=torch.float8_e4m3fn, device=self.device)
-                self._xs = torch.empty((0, H // SCALE_GROUP), dtype=torch.float32, device=self.device)
+            self._xq = torch.empty((max_tokens_per_rank, H), dtype=torch.float8_e4m3fn, device=self.device)
+            self._xs = torch.empty((max_tokens_per_rank, H // SCALE_GROUP), dtype=torch.float32, device=self.device)
+            # The GEMMs' device error word, created here: a first call inside CUDA-graph capture would
+            # otherwise allocate it in the graph's pool, and every replay would zero it.
+            ops.error_word(self.device)
             torch.cuda.synchronize(self.device)
         self._layer_id = _ops.register(self)
         self._closed = False
@@ -178,15 +169,10 @@ class MegaMoE(torch.nn.Module):
         T = check_forward(self.config, x, topk_idx, topk_w)
         ops, buf = self._ops, self.buffer
         with torch.cuda.device(self.device):
-            if self.check_ids and not torch.cuda.is_current_stream_capturing() and not _is_compiling():
+            if self.check_ids and not torch.cuda.is_current_stream_capturing():
                 _check_ids(topk_idx, self.num_experts)
-            if T == 0:
-                xq, xs = self._xq[:0], self._xs[:0]
-            elif self._quant_out:
-                xq, xs = self._xq[:T], self._xs[:T]
-                ops.quantize_fp8_cuda(x, pow2=self.pow2_scales, out=(xq, xs))
-            else:
-                xq, xs = ops.quantize_fp8_cuda(x, pow2=self.pow2_scales)
+            xq, xs = self._xq[:T], self._xs[:T]  # contiguous row prefixes: the dispatch's alignment holds
+            ops.quantize_fp8_cuda(x, pow2=self.pow2_scales, out=(xq, xs))  # zero tokens: nothing launched
             pool, ps, pw, counts, h = buf.dispatch(xq, xs, topk_idx, topk_w, check=False)
             cin = self._expert_gemms(T, pool, ps, pw, h.expert_offsets, counts)
             return buf.combine(cin, h, check=False)

@@ -55,7 +55,8 @@ class WeightShapes:
 
 
 def _slice_tw(tw: TransformedWeights, sl: slice) -> TransformedWeights:
-    # n_clamped is a count over the whole set; a slice keeps it as an upper bound (informational)
+    # n_clamped stays the whole set's count (an upper bound for the slice; recounting needs the codes'
+    # exponents, which the transform folded away); the layer's log says "up to" for it
     return TransformedWeights(tw.codes[sl].contiguous(), tw.shift[sl].contiguous(), tw.row_scale[sl].contiguous(),
                               tw.n_clamped, tw.gate_up_interleave)
 
