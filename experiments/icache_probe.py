@@ -4,7 +4,7 @@ Kernels of N KB of independent FFMAs (8 accumulators, no loop, no memory traffic
 SM, timed with %globaltimer by CTA 0 (start) and the last CTA out (end). Each kernel runs twice in a row
 (cold, then with its code possibly still cached) and alternates with a different kernel of the same
 size (what a dispatch -> combine sequence does). Prints us and KB/us per (threads, KB, run).
-Run on one GPU: python3 bench/icache_probe.py"""
+Run on one GPU: python3 experiments/icache_probe.py"""
 from __future__ import annotations
 
 import cupy as cp
