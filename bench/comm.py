@@ -8,7 +8,7 @@ Times: CUDA events, median after warm-up, routing rotated over --rotations fresh
   symm_*_host_us: one call timed alone from Python (validation + ctypes launch + kernel).
   symm_pair_seq_us: one dispatch + combine pair in a back-to-back sequence of 4 x the rotated pairs with
                   events only after its first pair and at its end (an event after every call costs ~3 us of
-                  GPU time: launch_gap_probe.py; the first pair absorbs the ranks' start skew).
+                  GPU time: experiments/launch_gap_probe.py; the first pair absorbs the ranks' start skew).
   symm_*_seq_us : per call from that: symm_*_us less half of (dispatch + combine - pair), the per-call
                   event cost (the probe measured it the same for both kernel shapes).
   symm_*_kernel_us: the kernel's own GPU duration in the back-to-back sequence (CUDA profiler, CUPTI

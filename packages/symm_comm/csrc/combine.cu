@@ -130,7 +130,7 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
   const size_t smem = (size_t)symm_combine_smem_ints(&L) * 4;
   // Schedule knobs (no effect on results or on the protocol): reductions listed lag_mult x (warps in
   // the grid) list items after their chunk's pushes (< 0: after all pushes); counter-wait sleep (ns).
-  // Defaults measured on 2x H200 at 4096 tokens (docs/perf-notes-symm_comm.md section 6): lag 2 / 64 ns
+  // Defaults measured on 2x H200 at 4096 tokens (docs/perf-notes-symm_comm.md section 3): lag 2 / 64 ns
   // 805 us, lag 2 / 1000 ns 799 us, lag 8 / 1000 ns 732 us, all pushes first 834 us.
   static const int lag_mult = symm_host::env_int("SYMM_COMBINE_LAG", 8);
   static const int spin_ns = symm_host::env_int("SYMM_SPIN_NS", 1000);

@@ -193,7 +193,7 @@ __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, ui
 // cross-rank hop + every owner's tables; variable ~-5.6 ns per token at H 7168, K 8: the staging copy
 // and the faster write direction, both proportional to the rows' bytes) crosses at ~1800 tokens. 2048
 // is the first power of two past it (predicted -1.5 us there); below, pull; the bytes scale the same
-// way at other H, K. docs/perf-notes-symm_comm.md "Push/pull per call".
+// way at other H, K. docs/perf-notes-symm_comm.md section 2 (measured before the pull dedup).
 constexpr int64_t kPushMinIdBytes = 2048LL * 8 * 7168;
 
 extern "C" int symm_dispatch_kind(const SymmLayout* layout, int num_tokens, int mode, int min_tokens_env,

@@ -146,7 +146,7 @@ def _warm_sequence(fns, warmup):
 def time_cuda_sequence_total(fns, *, warmup=3, reps=20, hold_ms=5.0, skip=0) -> list[float]:
     """Seconds of a back-to-back sequence per rep with events only after its first `skip` calls and after
     the last one (time_cuda_sequence's event after every call costs ~3 us of GPU time per call on an
-    H200: bench/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels). Multi-rank calls: skip the first
+    H200: experiments/launch_gap_probe.py, 4.6 vs 1.6 us between two kernels). Multi-rank calls: skip the first
     call(s), which absorb the ranks' start skew."""
     _warm_sequence(fns, warmup)
     out = []

@@ -6,7 +6,7 @@
 // pos[le][s] = first pool row of (le, s); src_prefix[s][le] = rows of source s in experts < le, used to
 // enumerate work source-interleaved: work item q -> (source, j-th row of that source).
 // Code size: code that runs once per call (these tables, the scans) is kept rolled (#pragma unroll 1)
-// and the pull's per-row body is inlined once. Measured on H200 (bench/icache_probe.py): an SM runs
+// and the pull's per-row body is inlined once. Measured on H200 (experiments/icache_probe.py): an SM runs
 // straight-line code it has not cached at only ~4-10 KB of SASS per us; the dispatch kernels had grown
 // to 205-308 KB. Halving them gave -0.6..-0.8 us per 1-token call (L2 stays warm across calls), so
 // this is about not letting the code grow back, not a large speed lever.

@@ -1,7 +1,7 @@
 """Peer READ rate of small transfers on 2 GPUs (both directions at once), by SM loads vs TMA bulk copies
 into shared memory vs the copy engine: is the pull combine's data phase (7.34 MB at 128 tokens, read as
 512-byte pieces with LDG.128) limited by the SM load path? One process, both GPUs, peer access.
-  python3 bench/probes/peer_read_probe.py
+  python3 experiments/probes/peer_read_probe.py
 Prints per-call time (back to back, no per-call event) and GB/s per direction for each method and size.
 (peer_copy_probe.cu asks the same of contiguous copies, one event-timed launch each; its LDG kernel is a
 lower bound below 58.7 MB. This one times the combine's access pattern the way bench/comm.py's

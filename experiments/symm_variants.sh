@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# After scripts/symm_gpu_check.sh (same environment): the per-stage stamps (bench/comm_stamps.py) and
+# After scripts/symm_gpu_check.sh (same environment): the per-stage stamps (experiments/comm_stamps.py) and
 # bench/comm.py once per combine schedule variant "LAG:SPIN_NS" (env SYMM_COMBINE_LAG / SYMM_SPIN_NS);
 # each variant's results go to $OUT/variants/<LAG>_<SPIN>/.   VARIANTS="2:64 8:1000 -1:1000"
 # ENV_VARIANTS="SYMM_META_ONEPASS=0 SYMM_COOP_LAUNCH=0": bench/comm.py once per NAME=VALUE (other knobs at
@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
-timeout 60 python3 bench/comm_stamps.py 1 128 4096 2>&1 | grep -E "^rank|Error" | tee "$OUT/stamps.log"
+timeout 60 python3 experiments/comm_stamps.py 1 128 4096 2>&1 | grep -E "^rank|Error" | tee "$OUT/stamps.log"
 for v in ${VARIANTS:-}; do
   lag=${v%%:*}; spin=${v##*:}; d="$OUT/variants/${lag}_${spin}"; mkdir -p "$d"
   rm -f bench/results/comm-torch-ep2-*-"${MEGAMOE_COMMIT:-x}".*

@@ -1,10 +1,10 @@
 """Diagnostic: how fast does an SM run straight-line code it has not cached? (the hypothesis in
-docs/perf-notes-symm_comm.md "Code size": symm_comm's small calls are instruction-fetch bound).
+docs/perf-notes-symm_comm.md section 2, "Code size halved": symm_comm's small calls are instruction-fetch bound).
 Kernels of N KB of independent FFMAs (8 accumulators, no loop, no memory traffic inside), one CTA per
 SM, timed with %globaltimer by CTA 0 (start) and the last CTA out (end). Each kernel runs twice in a row
 (cold, then with its code possibly still cached) and alternates with a different kernel of the same
 size (what a dispatch -> combine sequence does). Prints us and KB/us per (threads, KB, run).
-Run on one GPU: python3 bench/icache_probe.py"""
+Run on one GPU: python3 experiments/icache_probe.py"""
 from __future__ import annotations
 
 import cupy as cp

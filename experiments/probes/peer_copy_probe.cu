@@ -1,7 +1,7 @@
 // Peer-copy probe (2 GPUs, one process, peer access): LDG/STG vs TMA bulk (cp.async.bulk) vs copy engine,
 // both GPUs copying at once, one launch each, CUDA events, best of 10. Not part of the build:
-//   nvcc -O3 -arch=sm_90a -std=c++17 -o peer_copy_probe bench/probes/peer_copy_probe.cu && ./peer_copy_probe
-// Result (2 x H200, 2026-11-30): TMA reads = LDG reads at every size (docs/perf-notes-symm_comm.md, ninth session).
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o peer_copy_probe experiments/probes/peer_copy_probe.cu && ./peer_copy_probe
+// Result (2 x H200, 2026-11-30): TMA reads = LDG reads at every size (docs/perf-notes-symm_comm.md section 3).
 // Note: sm_copy runs its unrolled loop only when a thread has >= 8 vectors (58.7 MB); smaller sizes take the
 // one-vector tail loop (one round trip per vector), so its small-size numbers are a lower bound.
 #include <cuda_runtime.h>

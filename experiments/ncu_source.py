@@ -1,7 +1,7 @@
 """Per-instruction summary of `ncu --page source --csv --print-source sass` (one kernel): writes every
 SASS line with its share of warp-stall samples, executions and top stall reasons; with --regions
 a,b,label ... also totals per line range. Usage:
-  python3 scripts/ncu_source.py src.csv [--dump out.txt] [--top N] [--per EXECS] [--regions a:b:label ...]"""
+  python3 experiments/ncu_source.py src.csv [--dump out.txt] [--top N] [--per EXECS] [--regions a:b:label ...]"""
 import argparse
 import csv
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for an A/B of two symm_comm builds (run from the repo root on the GPU machine; the Python
 # code is the working tree's, only the libraries differ):
-#   scripts/symm_ab_run.sh LIB_A LIB_B      (LIB_*: folders holding libsymm_comm.so, carried)
+#   experiments/symm_ab_run.sh LIB_A LIB_B      (LIB_*: folders holding libsymm_comm.so, carried)
 # 1. every symm_comm GPU test with LIB_A (1 and 2 ranks, both backends when .whl/ holds the wheel);
 # 2. compute-sanitizer memcheck of bench/profile_comm.py 1 37 128 600 with LIB_A (pull and auto modes);
 # 3. bench/comm.py A, B at 1 / 128 / 4096 tokens, then A, B again at 128 tokens (alternating, one lease).

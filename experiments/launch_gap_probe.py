@@ -1,5 +1,5 @@
 """Diagnostic: the gap between two back-to-back kernels on one stream (the 5.5-6 us "gap d->c" of
-bench/comm_stamps.py: how much of it is the launch itself?). Kernel A's last CTA out stamps %globaltimer
+experiments/comm_stamps.py: how much of it is the launch itself?). Kernel A's last CTA out stamps %globaltimer
 at its end, kernel B's CTA 0 stamps at its start; gap = B.start - A.end. Variants: CTA shape (128
 threads / 512 threads + 100 KB dynamic shared memory, 1 CTA per SM: the symm_comm kernels' shape), with
 and without a CUDA event recorded between the two (bench/comm.py records one after every call), and
@@ -7,7 +7,7 @@ the host enqueuing ahead (stream parked on a sleep kernel first) as in common.ti
 Last rows: programmatic dependent launch (cuLaunchKernelEx with the programmatic-stream-serialization
 attribute; A calls griddepcontrol.launch_dependents at its start, B griddepcontrol.wait after its start
 stamp): B's first instruction and B after its wait, against A's end; once plain, once with the
-cooperative attribute too (our kernels' launch). Run on one GPU: python3 bench/launch_gap_probe.py"""
+cooperative attribute too (our kernels' launch). Run on one GPU: python3 experiments/launch_gap_probe.py"""
 from __future__ import annotations
 
 import ctypes

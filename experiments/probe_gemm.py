@@ -1,6 +1,6 @@
 """Quick A/B probe: times a few grouped-GEMM cases with the library in $MEGAMOE_LIB_DIR (one
 process per build variant; no ceilings, no results file: bench/gemm.py is the benchmark).
-Usage: python bench/probe_gemm.py [case ...]   (names as in bench/gemm.py CASES; default: all)
+Usage: python experiments/probe_gemm.py [case ...]   (names as in bench/gemm.py CASES; default: all)
 env PROBE_BLOCK_N: force a token-tile size (default: the library's choice)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/gemm.py, bench/common.py
 from common import time_best  # noqa: E402
 from gemm import CASES, gaussian_packed, gemm_call  # noqa: E402
 

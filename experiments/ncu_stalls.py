@@ -1,6 +1,6 @@
 """Summarise an `ncu --csv` metrics dump: per profiled kernel, its duration, instructions executed and
 the largest warp-stall reasons (smsp__average_warps_issue_stalled_*_per_issue_active.ratio: warps
-stalled for that reason per issued instruction). Usage: python3 scripts/ncu_stalls.py ncu.csv [top]"""
+stalled for that reason per issued instruction). Usage: python3 experiments/ncu_stalls.py ncu.csv [top]"""
 import csv
 import sys
 from collections import OrderedDict

@@ -3,7 +3,7 @@ their state (CTA 0's view of each stage, and the last CTA out), read after a bac
 like bench/comm.py's (H 7168, 256 experts, top-8). Prints, per rank and token count, the stages in us
 from the dispatch's start, the gap between the dispatch's end and the combine's start, the mode the
 last dispatch ran in (push / pull, and which kernel kind: SYMM_DISPATCH_PUSH=2 decides per call), and
-the CUDA-event time of each call. Diagnostics only; run on >= 1 GPU: python3 bench/comm_stamps.py"""
+the CUDA-event time of each call. Diagnostics only; run on >= 1 GPU: python3 experiments/comm_stamps.py"""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ for _k, _v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/comm.py, bench/common.py
 from comm import _routing, init_rank, spawn_ranks  # noqa: E402
 from common import time_cuda_sequence  # noqa: E402
 
