@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import re
+from functools import lru_cache
 from pathlib import Path
 
 BUILD_HINT = (
@@ -122,3 +124,31 @@ class NativeLib:
         if rc != 0:
             msg = getattr(self.lib, self.error_fn)(rc).decode()
             raise RuntimeError(f"{self.pkg}: {name} failed: {msg} (code {rc})")
+
+
+def header_constants(path, known: dict | None = None) -> dict:
+    """`static constexpr int kName = <expr>;` lines of a C++ header -> {kName: int}. An expression
+    may use integer literals, + - * / ( ) and names declared earlier in the same header (or `known`)."""
+    vals: dict = dict(known or {})
+    for name, expr in re.findall(r"static\s+constexpr\s+int\s+(k\w+)\s*=\s*([^;]+);", Path(path).read_text()):
+        expr = re.sub(r"\w+::", "", expr).replace("/", "//")
+        if not re.fullmatch(r"[\w\s+\-*/()]+", expr):
+            raise ValueError(f"{path}: cannot evaluate {name} = {expr}")
+        vals[name] = int(eval(expr, {"__builtins__": {}}, dict(vals)))  # only literals and earlier names
+    return vals
+
+
+def package_header(pkg_dir, rel: str) -> Path:
+    """include/<rel> of an installed package (<pkg>/include/...) or of the source tree (the package's
+    own packages/<pkg>/include/..., or packages/common/include/... for the shared headers)."""
+    here = Path(pkg_dir).resolve()
+    for p in (here / "include" / rel, here.parents[1] / "include" / rel, here.parents[2] / "common" / "include" / rel):
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"include/{rel} not found next to {here} or in the source tree")
+
+
+@lru_cache(maxsize=None)
+def shared_constants(pkg_dir: str) -> dict:
+    """The granularities every package shares (include/moe_common/constants.cuh): {"kScaleGroup": 128}."""
+    return header_constants(package_header(pkg_dir, "moe_common/constants.cuh"))

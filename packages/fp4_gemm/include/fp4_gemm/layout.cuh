@@ -15,23 +15,20 @@
 // k = c+16+i at bit 8i+3. Then two `prmt` with a per-shift 8-entry LUT plus two masked ORs give
 // the wgmma A registers (see decode.cuh).
 #pragma once
+#include "moe_common/constants.cuh"
 
 namespace fp4_gemm {
+using moe::Granularity;
 
-// Activation scale granularity: one FP32 scale per token per kScaleGroup consecutive channels, for
-// every FP8 activation the kernels read or write (the layer input, DeepEP's convention on Hopper,
-// and the L1 output = L2 input). The GEMM promotes once per kScaleGroup of K (kBlockK); the Python
-// side (fp4_gemm.ops.SCALE_GROUP, megamoe.reference) reads this value.
-struct ScaleGranularity {
-  static constexpr int kScaleGroup = 128;
-};
-constexpr int kScaleGroup = ScaleGranularity::kScaleGroup;
+// Activation scale granularity (moe_common/constants.cuh): the GEMM promotes once per kScaleGroup of K
+// (kBlockK); the Python side (fp4_gemm.ops.SCALE_GROUP, megamoe.reference) reads the same header.
+constexpr int kScaleGroup = moe::Granularity::kScaleGroup;
 
 struct PackedWeightLayout {
   static constexpr int kRowsPerWarpgroup = 64;   // one wgmma M
   static constexpr int kWarpgroupsPerBlock = 2;  // math warpgroups per CTA tile
   static constexpr int kBlockRows = kRowsPerWarpgroup * kWarpgroupsPerBlock;
-  static constexpr int kBlockK = ScaleGranularity::kScaleGroup;  // K per pipeline stage: one activation scale
+  static constexpr int kBlockK = Granularity::kScaleGroup;  // K per pipeline stage: one activation scale
   static constexpr int kGroupK = 32;             // MXFP4 group = wgmma K for FP8
   static constexpr int kStepsPerBlockK = kBlockK / kGroupK;
   static constexpr int kThreadsPerWarpgroup = 128;

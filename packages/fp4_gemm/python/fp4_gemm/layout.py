@@ -7,39 +7,21 @@ by [warp][row quad][k32 step][2] shift bytes. See layout.cuh for the bit-level c
 """
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-_HEADER = "include/fp4_gemm/layout.cuh"
+from ._native import header_constants, package_header, shared_constants
 
-
-def _header_path() -> Path:
-    here = Path(__file__).resolve().parent
-    for p in (here / _HEADER, here.parents[1] / _HEADER):
-        if p.is_file():
-            return p
-    raise FileNotFoundError(f"{_HEADER} not found next to the package or in the source tree")
-
-
-def header_constants(path) -> dict:
-    """`static constexpr int kName = <expr>;` lines of a C++ header -> {kName: int}. An expression
-    may use integer literals, + - * / ( ) and names declared earlier in the same header."""
-    vals: dict = {}
-    for name, expr in re.findall(r"static\s+constexpr\s+int\s+(k\w+)\s*=\s*([^;]+);", Path(path).read_text()):
-        expr = re.sub(r"\w+::", "", expr).replace("/", "//")
-        if not re.fullmatch(r"[\w\s+\-*/()]+", expr):
-            raise ValueError(f"{path}: cannot evaluate {name} = {expr}")
-        vals[name] = int(eval(expr, {"__builtins__": {}}, dict(vals)))  # only literals and earlier names
-    return vals
+__all__ = ["constants", "header_constants", "pack_weights", "emulate_decode"]
 
 
 @lru_cache(maxsize=1)
 def constants() -> dict:
-    """The packed-layout constants of layout.cuh."""
-    return header_constants(_header_path())
+    """The packed-layout constants of layout.cuh, with the shared granularities it uses (kScaleGroup)."""
+    here = str(Path(__file__).resolve().parent)
+    return header_constants(package_header(here, "fp4_gemm/layout.cuh"), shared_constants(here))
 
 
 def pack_weights(codes: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:

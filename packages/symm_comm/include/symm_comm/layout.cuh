@@ -63,6 +63,7 @@
 // at the start of call n, before this rank's signal n (csrc/combine.cu).
 #pragma once
 #include <stdint.h>
+#include "moe_common/constants.cuh"
 
 #define SYMM_LAYOUT_VERSION 9  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
                                // 6: meta_all row E = num_tokens per source, done row counted in every call;
@@ -183,11 +184,11 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   char* raw = (char*)L;
   for (unsigned i = 0; i < sizeof(SymmLayout); ++i) raw[i] = 0;
   if (num_ranks < 1 || rank < 0 || rank >= num_ranks || num_experts < num_ranks || num_experts % num_ranks ||
-      hidden <= 0 || hidden % 128 || topk < 1 || topk > SYMM_MAX_TOPK || max_tokens < 1 || block_m < 1 ||
+      hidden <= 0 || hidden % MOE_SCALE_GROUP || topk < 1 || topk > SYMM_MAX_TOPK || max_tokens < 1 || block_m < 1 ||
       block_m > 4096 || pool_rows < 0 || max_m < 0)
     return -1;
   const int64_t R = num_ranks, E = num_experts, Lx = E / R, H = hidden, K = topk, T = max_tokens;
-  const int64_t S = H / 128;
+  const int64_t S = H / MOE_SCALE_GROUP;  // FP32 scales per row (moe_common/constants.cuh)
   int64_t P = pool_rows > 0 ? pool_rows : R * T * K + Lx * (block_m - 1);
   int64_t mm = max_m > 0 ? max_m : (R * T < P / Lx ? R * T : P / Lx);
   if (mm < 1) mm = 1;

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from ._arrays import DevArray, check
+from ._native import shared_constants
+
+# FP32 activation scales per row: one per SCALE_GROUP channels (moe_common/constants.cuh)
+SCALE_GROUP = shared_constants(str(Path(__file__).resolve().parent))["kScaleGroup"]
 
 
 @dataclass
@@ -41,8 +47,8 @@ def check_dispatch(cfg: Config, x: DevArray, scales: DevArray, idx: DevArray, w:
     if T > cfg.max_tokens:
         raise ValueError(f"x_fp8: {T} tokens > max_tokens_per_rank {cfg.max_tokens} of the buffer")
     check(scales, "x_scales", ("f32",), ndim=2, contiguous=True)
-    if scales.shape != (T, H // 128):
-        raise ValueError(f"x_scales: expected shape {(T, H // 128)} (one FP32 per token per 128 channels), "
+    if scales.shape != (T, H // SCALE_GROUP):
+        raise ValueError(f"x_scales: expected shape {(T, H // SCALE_GROUP)} (one FP32 per token per {SCALE_GROUP} channels), "
                          f"got {scales.shape}")
     check(idx, "topk_idx", ("i32", "i64"), ndim=2, contiguous=True)
     if idx.shape != (T, cfg.topk):
@@ -100,8 +106,9 @@ def check_buffer_args(num_ranks: int, num_experts: int, hidden: int, topk: int, 
         raise ValueError(f"backend: expected 'torch', 'nvshmem' or 'ipc' (several ranks per GPU), got {backend!r}")
     if num_experts < num_ranks or num_experts % num_ranks:
         raise ValueError(f"num_experts: {num_experts} must be a positive multiple of the rank count {num_ranks}")
-    if hidden <= 0 or hidden % 128:
-        raise ValueError(f"hidden: {hidden} must be a positive multiple of 128 (per-128 FP8 scales)")
+    if hidden <= 0 or hidden % SCALE_GROUP:
+        raise ValueError(f"hidden: {hidden} must be a positive multiple of {SCALE_GROUP} (one FP8 scale per "
+                         f"{SCALE_GROUP} channels)")
     if not 1 <= topk <= 32:
         raise ValueError(f"topk: {topk} must be in [1, 32]")
     if max_tokens < 1:
