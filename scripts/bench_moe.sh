@@ -18,7 +18,7 @@ TOKENS="${TOKENS:-1,16,128,512,2048,8192}"
 start=$(date +%s)
 timeout "${BENCH_TIMEOUT:-290}" python3 -m megamoe.bench --backend "$BACKENDS" --preset "$PRESETS" \
   --tokens "$TOKENS" --ranks "${RANKS:-1}" --reps "${REPS:-10}" --warmup "${WARMUP:-3}" \
-  --results bench/results "$@" > "$OUT/bench_moe.log" 2> "$OUT/bench_moe.err"; rc=$?
+  --results bench/results --commit "$MEGAMOE_COMMIT" "$@" > "$OUT/bench_moe.log" 2> "$OUT/bench_moe.err"; rc=$?
 echo "megamoe-bench rc=$rc in $(( $(date +%s) - start )) s"
 grep -E "^\||^peaks|^time|^floor|^target|^wrote|^megamoe-bench" "$OUT/bench_moe.log" | head -80
 grep -E "^\[megamoe-bench\]|Error|Traceback" "$OUT/bench_moe.err" | tail -60

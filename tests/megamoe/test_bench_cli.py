@@ -270,7 +270,7 @@ def test_gpu_main_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(bench, "kernels_available", lambda: True)
     monkeypatch.setattr(bench, "GPU_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(bench, "run_header", lambda cuda: {"commit": "c0ffee0", "date": "2026-12-01T22:00:00+00:00",
+    monkeypatch.setattr(bench, "run_header", lambda cuda, commit=None: {"commit": "c0ffee0", "date": "2026-12-01T22:00:00+00:00",
                                                           "gpu": "fake", "gpus": 1, "driver": "x", "torch": "t",
                                                           "cuda": "13", "device": "cuda"})
     monkeypatch.setattr(_timing, "measure_fp8_peak", lambda: 1.0e15)

@@ -58,9 +58,11 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def _commit() -> str:
-    if os.environ.get("MEGAMOE_COMMIT"):
-        return os.environ["MEGAMOE_COMMIT"]
+def _commit(override: str | None = None) -> str:
+    """The commit the results belong to: `override` (--commit: a copy without .git, e.g. a GPU machine's),
+    else git's, else "unknown"."""
+    if override:
+        return override
     try:
         import subprocess
         here = os.path.dirname(os.path.abspath(__file__))
@@ -70,10 +72,10 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_header(cuda: bool) -> dict:
+def run_header(cuda: bool, commit: str | None = None) -> dict:
     """Where and what ran: commit, UTC date, GPU, driver, torch / CUDA versions."""
     import datetime as dt
-    h = {"commit": _commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    h = {"commit": _commit(commit), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
          "torch": torch.__version__, "cuda": torch.version.cuda or "none", "device": "cuda" if cuda else "cpu"}
     if cuda:
         p = torch.cuda.get_device_properties(0)

@@ -488,6 +488,7 @@ def build_parser(cuda: bool, gpus: int) -> argparse.ArgumentParser:
                    help="timed repetitions per setting, median reported (default 5 reference, 10 GPU)")
     p.add_argument("--warmup", type=_int_at_least(0), default=None, help="warm-up calls (default 1 reference, 3 GPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--commit", help="commit to record in the results (default: git's; for a copy without .git)")
     p.add_argument("--no-graph", action="store_true", help="GPU: eager timing only (no CUDA-graph capture)")
     p.add_argument("--peaks", help="ceilings to use instead of measuring them, e.g. fp8_tflops=1290,hbm_tbs=4.1,"
                                    f"nvlink_gbs=370 (defaults {DEFAULT_PEAKS})")
@@ -530,7 +531,7 @@ def main(argv=None) -> None:
         p.error(f"--ranks {args.ranks}: only {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU)")
     reps = args.reps or (10 if gpu_mode else 5)
     warmup = args.warmup if args.warmup is not None else (3 if gpu_mode else 1)
-    head = run_header(cuda)
+    head = run_header(cuda, args.commit)
     print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
           f"({'nccl, cuda' if cuda else 'gloo, cpu'})")
     for b, reason in left_out.items():
