@@ -2,6 +2,8 @@
 // One cooperative launch, no grid barrier and no cross-rank barrier on the data path:
 //   start handshake -> schedule -> pushes interleaved with per-token-counted reductions -> the last CTA
 //   out publishes the epoch.
+// The A/B environment knobs (SYMM_COMBINE_START_RELAXED, SYMM_COMBINE_LAG, SYMM_SPIN_NS) were removed
+// 2026-12-01: their defaults are compiled in below; comments that name them describe the alternative.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -110,7 +112,7 @@ extern "C" int symm_combine_pull(const SymmLayout* layout, const uint64_t* peers
     return SYMM_EINVAL;
   if (num_tokens > 0 && !y) return SYMM_EINVAL;
   if (!symm_host::aligned16(y) || !symm_host::aligned16(topk_w) || !symm_host::aligned16(peers)) return SYMM_EALIGN;
-  static const int start_relaxed = symm_host::env_int("SYMM_COMBINE_START_RELAXED", 1) > 0 ? 1 : 0;
+  constexpr int start_relaxed = 1;  // the relaxed start signal (kernel boundary publishes: see the kernel)
   return symm_host::launch_coop(symm_combine_pull_kernel, kThreads, 0, num_sms, stream, L, peers, topk_w,
                                 static_cast<uint16_t*>(y), num_tokens, host_err, (uint64_t)timeout_ns, start_relaxed);
 }
@@ -132,8 +134,8 @@ extern "C" int symm_combine(const SymmLayout* layout, const uint64_t* peers, con
   // the grid) list items after their chunk's pushes (< 0: after all pushes); counter-wait sleep (ns).
   // Defaults measured on 2x H200 at 4096 tokens (docs/perf-notes-symm_comm.md section 3): lag 2 / 64 ns
   // 805 us, lag 2 / 1000 ns 799 us, lag 8 / 1000 ns 732 us, all pushes first 834 us.
-  static const int lag_mult = symm_host::env_int("SYMM_COMBINE_LAG", 8);
-  static const int spin_ns = symm_host::env_int("SYMM_SPIN_NS", 1000);
+  constexpr int lag_mult = 8;
+  constexpr int spin_ns = 1000;
   return symm_host::launch_coop(symm_combine_kernel, kThreads, smem, num_sms, stream, L, peers,
                                 static_cast<const uint16_t*>(expert_out), out_rows, topk_w, static_cast<uint16_t*>(y),
                                 num_tokens, host_err, (uint64_t)timeout_ns, lag_mult, spin_ns);

@@ -7,6 +7,9 @@
 // once per owner (dedup) and beats the push 2.4-2.7x from 1024 tokens on (2 x H200); 2 per call, push
 // iff some rank's num_tokens >= SYMM_PUSH_MIN_TOKENS (default 2048 at H 7168, K 8); 1 always push
 // (symm_dispatch_kind, include/symm_comm/dispatch.cuh "per-call mode").
+// The A/B environment knobs (SYMM_SMALL_DEDUP, SYMM_META_ONEPASS, SYMM_PULL_DYNAMIC, SYMM_BARRIER_FENCE,
+// SYMM_PAD_LATE, SYMM_META_SPREAD) were removed 2026-12-01: their defaults are compiled in below; comments
+// that name them describe the measured alternative.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "launch.h"
@@ -224,17 +227,16 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   if (!symm_host::aligned16(x) || !symm_host::aligned16(scales) || !symm_host::aligned16(topk_w) ||
       !symm_host::aligned16(peers))
     return SYMM_EALIGN;
-  // SYMM_SMALL_DEDUP (default 1; 0 for A/B): small T sends the dedup encoding too, and the dedup pull
+  // Small T sends the dedup encoding too, and the dedup pull
   // kernel runs from T * K > kPlainPullMaxIds on (the plain one below it: nothing to deduplicate at a
   // few tokens, and its one round trip per row is shorter). Measured 2026-11-30 (2 x H200, same lease):
   // 128 tokens 34.94 -> 32.16 us. Ranks may differ: either pull kernel decodes either encoding.
-  static const int small_dedup = symm_host::env_int("SYMM_SMALL_DEDUP", 1) > 0 ? 1 : 0;
+  constexpr int small_dedup = 1;
   symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, 0, small_dedup};
-  // SYMM_META_ONEPASS=0: the older two-pass metadata scan for large T (A/B measurements, fallback).
-  // The one-pass scan keeps one count per expert in shared memory; beyond kMaxMetaSmem it is not used.
-  static const int onepass_env = symm_host::env_int("SYMM_META_ONEPASS", 1);
+  // The one-pass metadata scan for large T keeps one count per expert in shared memory; beyond
+  // kMaxMetaSmem the older two-pass scan runs.
   const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
-  const int onepass = onepass_env != 0 && meta * 4 <= kMaxMetaSmem;
+  const int onepass = meta * 4 <= kMaxMetaSmem;
   // Mode (dispatch.cuh, "per-call mode"): SYMM_DISPATCH_PUSH=0 (default) always pull, 2 auto per call,
   // 1 always push; SYMM_PUSH_MIN_TOKENS the auto threshold (default from the layout). Read once per
   // process; both MUST be the same on every rank (the kernel kinds of one call must agree on the mode).
@@ -257,10 +259,9 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   // 34.96 us at 128 tokens; removed.) SYMM_PAD_LATE (default 1; 0 for A/B): the pull's padding on the
   // grid's last warps.
   // SYMM_BARRIER_FENCE=1 and SYMM_META_SPREAD=0: A/B knobs (DispatchKnob).
-  static const int knobs = (symm_host::env_int("SYMM_PULL_DYNAMIC", 1) > 0 ? kKnobDynamic : 0) |
-                           (symm_host::env_int("SYMM_BARRIER_FENCE", 0) > 0 ? kKnobAllFence : 0) |
-                           (symm_host::env_int("SYMM_PAD_LATE", 1) > 0 ? kKnobPadLate : 0) |
-                           (symm_host::env_int("SYMM_META_SPREAD", 1) > 0 ? 0 : kKnobMetaPacked);
+  // The measured defaults (the A/B environment knobs that selected the others are gone; the kernel
+  // still takes the bits as an argument, to be folded into compile-time code with the push kinds).
+  constexpr int knobs = kKnobDynamic | kKnobPadLate;
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
   const bool plain =

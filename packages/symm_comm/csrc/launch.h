@@ -32,15 +32,9 @@ inline int check_layout(const SymmLayout* L) {
   return SYMM_OK;
 }
 
-// SYMM_COOP_LAUNCH=0: a regular launch of the same grid instead of a cooperative one (a measurement
-// knob for the launch gap between back-to-back kernels, docs/perf-notes-symm_comm.md). The grid never
-// exceeds the co-resident capacity, so on a GPU running nothing else every CTA is resident, as the
-// kernels need (their CTAs wait on each other); if one is not, the waits time out with an error
-// instead of hanging. Default: cooperative (residency guaranteed by the driver).
-inline bool coop_launch() {
-  static const bool coop = env_int("SYMM_COOP_LAUNCH", 1) != 0;
-  return coop;
-}
+// Cooperative launches: the kernels' CTAs wait on each other, and the driver guarantees they are all
+// resident (a regular launch of the same grid measured no shorter launch gap; docs/perf-notes-symm_comm.md).
+inline bool coop_launch() { return true; }
 
 // SMs and co-resident CTAs per SM of `kernel` (threads, smem) on device `dev`; returns 0 or an error
 // (cudaError_t > 0, SYMM_E* < 0). The device queries, the smem attribute and the occupancy query run
