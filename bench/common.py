@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,13 +22,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def commit() -> str:
-    if os.environ.get("MEGAMOE_COMMIT"):
-        return os.environ["MEGAMOE_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent,
-                                       stderr=subprocess.DEVNULL, text=True).strip()
-    except Exception:
-        return "unknown"
+    """$MEGAMOE_COMMIT (the GPU machine's copy has no .git), else git's (megamoe._report, one helper)."""
+    from megamoe._report import _commit
+    return _commit(os.environ.get("MEGAMOE_COMMIT"))
 
 
 def header(extra: dict | None = None) -> dict:

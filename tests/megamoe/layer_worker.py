@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
-import time
 import traceback
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -33,7 +31,7 @@ E, H, I, K, T_MAX = 16, 512, 256, 4, 64
 
 
 # ---- process plumbing: symm_comm.testing places the ranks (one GPU each, or several on one GPU) ------
-from symm_comm.testing import free_port, init_rank  # noqa: E402
+from symm_comm.testing import init_rank  # noqa: E402
 
 
 def oversubscribed(world: int) -> bool:
@@ -76,31 +74,8 @@ def _worker(rank, world, port, seed, scenarios, outdir):
 
 def launch(world: int, seed: int, scenarios=("cases", "back_to_back", "graph"), timeout_s: float = 600) -> list[dict]:
     """Spawn `world` processes; returns their result dicts (raises on a hang)."""
-    import tempfile
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    outdir = tempfile.mkdtemp(prefix="megamoe_layer_")
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, seed, list(scenarios), outdir)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.time() + timeout_s
-    for p in procs:
-        p.join(max(1.0, deadline - time.time()))
-    hung = [i for i, p in enumerate(procs) if p.is_alive()]
-    for i in hung:
-        procs[i].kill()
-    results = []
-    for r in range(world):
-        fn = os.path.join(outdir, f"rank{r}.json")
-        if os.path.exists(fn):
-            with open(fn) as f:
-                results.append(json.load(f))
-        else:
-            results.append({"rank": r, "ok": False, "error": "no result (crashed or hung)", "done": []})
-    if hung:
-        raise RuntimeError(f"megamoe layer test processes {hung} hung (killed after {timeout_s} s); results: {results}")
-    return results
+    from symm_comm.testing import spawn_ranks
+    return spawn_ranks(_worker, world, (seed, list(scenarios),), timeout_s, "megamoe layer test")
 
 
 # ---- the checks ----------------------------------------------------------------------------------

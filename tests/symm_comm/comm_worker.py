@@ -22,7 +22,6 @@ POISON_U8 = 0xEE
 
 
 # ---- process plumbing ------------------------------------------------------------------------
-from symm_comm.testing import free_port  # noqa: E402
 
 
 def oversubscribed(world: int) -> bool:
@@ -59,31 +58,8 @@ def _worker(rank, world, port, backend, scenarios, outdir):
 
 def launch(world: int, backend: str, scenarios: list[str], timeout_s: float = 600) -> list[dict]:
     """Spawn `world` processes; returns their result dicts (raises on a hang)."""
-    import tempfile
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    outdir = tempfile.mkdtemp(prefix="symm_comm_")
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, backend, scenarios, outdir)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.time() + timeout_s
-    for p in procs:
-        p.join(max(1.0, deadline - time.time()))
-    hung = [i for i, p in enumerate(procs) if p.is_alive()]
-    for i in hung:
-        procs[i].kill()
-    results = []
-    for r in range(world):
-        fn = os.path.join(outdir, f"rank{r}.json")
-        if os.path.exists(fn):
-            with open(fn) as f:
-                results.append(json.load(f))
-        else:
-            results.append({"rank": r, "ok": False, "error": "no result (crashed or hung)", "done": []})
-    if hung:
-        raise RuntimeError(f"symm_comm test processes {hung} hung (killed after {timeout_s} s); results: {results}")
-    return results
+    from symm_comm.testing import spawn_ranks
+    return spawn_ranks(_worker, world, (backend, scenarios,), timeout_s, "symm_comm test")
 
 
 # ---- inputs and references --------------------------------------------------------------------

@@ -163,7 +163,7 @@ struct GroupedScheduler {
 
   __device__ bool next(Tile& t) {
     const int n_blocks = pb.n / kBlockRows;  // kPairN == 2: even (the launcher checks)
-    const int n_units = (n_blocks + kUnitN - 1) / kUnitN;
+    const int n_units = n_units_of(pb);
     if (table != nullptr) {
       // The first group g >= group with table[g] > next_tile (the table is non-decreasing).
       int lo = group, hi = pb.num_groups;

@@ -16,7 +16,6 @@ per GPU) run the same code: symm_comm.Buffer is a plain allocation in the first 
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 
@@ -72,9 +71,6 @@ class MegaMoE(torch.nn.Module):
         require_cuda("megamoe.MegaMoE")
         from fp4_gemm import ops
         self._ops = ops
-        self._check_fp4_gemm_api(ops)
-        if getattr(ops, "SCALE_GROUP", SCALE_GROUP) != SCALE_GROUP:
-            raise RuntimeError(f"fp4_gemm.ops.SCALE_GROUP is {ops.SCALE_GROUP}, the layer needs {SCALE_GROUP}")
 
         dev_index = None if device is None else torch.device(device).index
         self.device = torch.device("cuda", torch.cuda.current_device() if dev_index is None else dev_index)
@@ -121,17 +117,6 @@ class MegaMoE(torch.nn.Module):
             print(msg, flush=True)
 
     # ---- setup helpers -------------------------------------------------------------------------
-    @staticmethod
-    def _check_fp4_gemm_api(ops) -> None:
-        need = {"grouped_gemm": ("group_counts", "out", "block_n"),
-                "grouped_gemm_l1": ("group_counts", "out", "block_n", "activation_clamp", "pow2")}
-        for fn, params in need.items():
-            have = inspect.signature(getattr(ops, fn)).parameters
-            missing = [p for p in params if p not in have]
-            if missing:
-                raise RuntimeError(f"fp4_gemm.ops.{fn} lacks {missing}: this fp4_gemm is older than megamoe.MegaMoE "
-                                   "needs (group_counts= and out= of the grouped GEMMs)")
-
     def memory_report(self) -> dict:
         """Device bytes this layer holds on its GPU: the symm buffer's regions, the packed weights and the
         preallocated intermediates (FP8 L1 output and its scales; the quantised input when preallocated)."""

@@ -131,3 +131,39 @@ def visible_gpus() -> int:
 
 
 __all__ = ["RankPlacement", "free_port", "placement", "init_rank", "stage_collectives_on_host", "visible_gpus"]
+
+
+def spawn_ranks(worker, world: int, args: tuple, timeout_s: float = 600, what: str = "test") -> list:
+    """Runs worker(rank, world, port, *args, outdir) in `world` spawned processes (importable worker;
+    each writes its result dict to outdir/rank<r>.json) and returns the results in rank order. A rank
+    with no result file gets {"rank": r, "ok": False, "error": ...}; processes alive after timeout_s
+    are killed and RuntimeError is raised (a hang is an error, never a wait)."""
+    import json
+    import os
+    import tempfile
+    import time
+
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    outdir = tempfile.mkdtemp(prefix="symm_ranks_")
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, *args, outdir)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + timeout_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.time()))
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for i in hung:
+        procs[i].kill()
+    results = []
+    for r in range(world):
+        fn = os.path.join(outdir, f"rank{r}.json")
+        if os.path.exists(fn):
+            with open(fn) as f:
+                results.append(json.load(f))
+        else:
+            results.append({"rank": r, "ok": False, "error": "no result (crashed or hung)", "done": []})
+    if hung:
+        raise RuntimeError(f"{what} processes {hung} hung (killed after {timeout_s} s); results: {results}")
+    return results
