@@ -250,6 +250,7 @@ def test_gpu_case_loop_reports_a_failed_build(monkeypatch):
 
 
 def test_gpu_main_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
+    from megamoe import _runs
     """main() down the GPU path (peaks, every backend x preset x tokens, merge, speed-ups, table,
     JSON / markdown files) with CPU tensors: a stand-in layer, torch-bf16 for real, fake timers and
     ceilings. Checks the plumbing the GPU run depends on, not any number."""
@@ -287,13 +288,13 @@ def test_gpu_main_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
         return run
 
     current = {}
-    real_build = bench._build
+    real_build = _runs._build
 
     def build(backend, *a, **k):
         current["backend"] = backend
         return real_build(backend, *a, **k)
 
-    monkeypatch.setattr(bench, "_build", build)
+    monkeypatch.setattr(_runs, "_build", build)
     monkeypatch.setattr(_timing, "time_cuda", timer("eager"))
     monkeypatch.setattr(_timing, "time_cuda_graph", timer("graph"))
     bench.main(["--backend", "torch-fp8,torch-bf16,staged", "--preset", "tiny", "--tokens", "1,16,64",
