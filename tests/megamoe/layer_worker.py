@@ -51,12 +51,14 @@ def _setup(rank: int, world: int, port: int) -> str:
     return init_rank(rank, world, f"tcp://127.0.0.1:{port}").backend
 
 
-def _worker(rank, world, port, seed, scenarios, outdir):
+def run_worker(run, rank, world, port, seed, scenarios, outdir):
+    """One rank's process: placement / process group, run(rank, world, comm, seed, scenarios, res), the
+    result file. Shared with fused_worker.py."""
     res = {"rank": rank, "ok": False, "done": [], "cases": {}, "seed": seed}
     try:
         comm = _setup(rank, world, port)
         res["comm_backend"] = comm
-        run_all(rank, world, comm, seed, scenarios, res)
+        run(rank, world, comm, seed, scenarios, res)
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"
@@ -70,6 +72,10 @@ def _worker(rank, world, port, seed, scenarios, outdir):
         except Exception:
             pass
     os._exit(0 if res["ok"] else 1)
+
+
+def _worker(rank, world, port, seed, scenarios, outdir):
+    run_worker(run_all, rank, world, port, seed, scenarios, outdir)
 
 
 def launch(world: int, seed: int, scenarios=("cases", "back_to_back", "graph"), timeout_s: float = 600) -> list[dict]:

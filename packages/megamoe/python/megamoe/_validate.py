@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 BACKENDS = ("staged", "fused", "auto")
-NOT_YET = ("fused", "auto")
 
 
 @dataclass(frozen=True)
@@ -23,9 +22,6 @@ class LayerConfig:
 
 
 def check_layer_args(*, max_tokens_per_rank, topk, activation_clamp, backend, timeout_s) -> None:
-    if backend in NOT_YET:
-        raise NotImplementedError(f"backend={backend!r}: the fused kernel is not implemented yet; use "
-                                  "backend='staged' (dispatch -> L1 GEMM -> L2 GEMM -> combine)")
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if isinstance(max_tokens_per_rank, bool) or not isinstance(max_tokens_per_rank, int) or max_tokens_per_rank < 1:

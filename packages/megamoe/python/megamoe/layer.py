@@ -4,6 +4,10 @@
     layer = MegaMoE(local_weights, group=pg, max_tokens_per_rank=T_max, topk=K)  # R ranks, one GPU each
     y = layer(x, topk_idx, topk_w)  # x BF16 [T, H], ids int32/int64 [T, K] (-1: none), weights FP32 [T, K]
 
+backend="fused" runs ONE persistent kernel per rank after the input quantisation (libmegamoe.so,
+csrc/fused.cu): the same device code as the staged kernels (symm_comm's dispatch and pull-combine
+workers, fp4_gemm's mainloop and epilogues) in one launch, so its output is bitwise the staged one.
+backend="auto" picks per call (AUTO_FUSED_MAX_TOKENS).
 backend="staged" runs four kernels from the standalone packages on the current stream:
   quantize (fp4_gemm) -> dispatch (symm_comm, expert-major pool) -> L1 grouped GEMM (SwiGLU x top-k
   weight -> FP8 + per-128 scales, preallocated) -> L2 grouped GEMM (BF16 rows straight into the pull
@@ -27,7 +31,11 @@ from .weights import SCALE_GROUP, check_weights, weight_bytes
 
 log = logging.getLogger("megamoe")
 
-__all__ = ["MegaMoE"]
+__all__ = ["MegaMoE", "AUTO_FUSED_MAX_TOKENS"]
+
+# backend="auto": the fused kernel up to this many tokens per rank, the staged pipeline above
+# (bench/results: the token count where staged overtakes fused on one H200).
+AUTO_FUSED_MAX_TOKENS = 1 << 30
 
 
 class MegaMoE(torch.nn.Module):
@@ -41,7 +49,8 @@ class MegaMoE(torch.nn.Module):
     topk: experts per token (K).
     activation_clamp: c of the SwiGLU clamp (gate <= c, -c <= up <= c); inf: none.
     pow2_scales: round the FP8 scales (input and L2 input) up to powers of two.
-    backend: "staged" (four kernels); "fused" / "auto" raise NotImplementedError for now.
+    backend: "staged" (four kernels), "fused" (one kernel after the quantisation; bitwise equal to staged) or
+        "auto" (fused where the benchmark measured it faster: T <= AUTO_FUSED_MAX_TOKENS, else staged).
     comm_backend: symm_comm's symmetric memory backend ("torch", "nvshmem", "ipc"); unused with one rank.
     timeout_s: symm_comm's cross-rank wait limit (an error naming rank and phase instead of a hang).
     check_ids: check topk_idx against [-1, E) on the host before each call (one device -> host sync). Skipped
@@ -49,10 +58,14 @@ class MegaMoE(torch.nn.Module):
         dispatch kernel's own device-side error word still reports a bad id: the next call on the layer
         (or layer.check_errors()) raises it, and that call's output is undefined.
 
+    pool_rows: the dispatch pool's capacity in rows (0: the worst case, every rank's tokens x topk, so it never
+        overflows). Smaller saves memory; a call that needs more raises SymmCommError (pool overflow; nothing
+        is computed for it) from the next call or check_errors(), and the layer stays usable.
+
     forward is COLLECTIVE for R > 1: every rank must call it, the same number of times, in the same order
     (T may differ per rank, T = 0 included), on one stream per layer. An argument error is raised on the
     rank that sees it before anything is launched (that rank's layer stays usable), but its peers, which
-    did launch, then time out (SymmTimeoutError naming rank and phase): call layer.buffer.resync() on
+    did launch, then time out (SymmTimeoutError naming rank and phase): call layer.resync() on
     every rank before the next call. Under torch.compile keep the output used: the op is functional, so
     a call whose result is unused may be eliminated on one rank and not on another.
     """
@@ -60,7 +73,7 @@ class MegaMoE(torch.nn.Module):
     def __init__(self, weights, *, max_tokens_per_rank: int, topk: int, group=None,
                  activation_clamp: float = math.inf, pow2_scales: bool = False, backend: str = "staged",
                  comm_backend: str = "torch", timeout_s: float = 10.0, device=None, check_ids: bool = True,
-                 num_sms: int = 0, verbose: bool = False):
+                 num_sms: int = 0, pool_rows: int = 0, verbose: bool = False):
         super().__init__()
         check_layer_args(max_tokens_per_rank=max_tokens_per_rank, topk=topk, activation_clamp=activation_clamp,
                          backend=backend, timeout_s=timeout_s)
@@ -97,9 +110,16 @@ class MegaMoE(torch.nn.Module):
                 raise ValueError("w1: the packed weights lost gate_up_interleave")
             import symm_comm
             self.buffer = symm_comm.Buffer(group, self.num_experts, self.hidden, topk, max_tokens_per_rank,
-                                           block_m=128, backend=comm_backend, timeout_s=timeout_s,
+                                           block_m=128, pool_rows=pool_rows, backend=comm_backend, timeout_s=timeout_s,
                                            num_sms=num_sms, check=False, device=self.device,
                                            combine_input_rows=-1, single_rank=self._single)
+            if backend != "staged":
+                from . import _lib
+                _lib.require_abi()  # before anything is allocated: a missing libmegamoe.so names itself
+                self._mlib = _lib.LIB
+                # the fused kernel's rank-local grid-barrier words (include/megamoe/grid_barrier.cuh: two
+                # rows of kGridBarriers, zero at creation, kept consistent by the kernel itself)
+                self._grid_words = torch.zeros(2 * _lib.grid_barriers(), dtype=torch.int32, device=self.device)
             P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
             self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
@@ -158,9 +178,33 @@ class MegaMoE(torch.nn.Module):
                 _check_ids(topk_idx, self.num_experts)
             xq, xs = self._xq[:T], self._xs[:T]  # contiguous row prefixes: the dispatch's alignment holds
             ops.quantize_fp8_cuda(x, pow2=self.pow2_scales, out=(xq, xs))  # zero tokens: nothing launched
+            if self.backend == "fused" or (self.backend == "auto" and T <= AUTO_FUSED_MAX_TOKENS):
+                return self._fused(T, xq, xs, topk_idx, topk_w)
             pool, ps, pw, counts, h = buf.dispatch(xq, xs, topk_idx, topk_w, check=False)
             cin = self._expert_gemms(T, pool, ps, pw, h.expert_offsets, counts)
             return buf.combine(cin, h, check=False)
+
+    def _block_n(self, T):
+        """The token tile of both GEMMs (either backend: the same tile, the same bits)."""
+        return self._ops.pick_block_n(-(-max(T, 1) * self.num_ranks * self.topk // self.num_experts))
+
+    def _fused(self, T, xq, xs, topk_idx, topk_w):
+        """The fused kernel: dispatch -> L1 -> L2 -> pull combine in one launch (csrc/fused.cu)."""
+        y = torch.empty((T, self.hidden), dtype=torch.bfloat16, device=self.device)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        idx_bytes = topk_idx.element_size()
+
+        def launch(layout_ref, peers, host_words, timeout_ns, num_sms):
+            self._mlib.call("megamoe_fused_forward", layout_ref, peers, host_words, timeout_ns, num_sms,
+                            self._grid_words.data_ptr(),
+                            xq.data_ptr() or None, xs.data_ptr() or None, topk_idx.data_ptr() or None, idx_bytes,
+                            topk_w.data_ptr() or None, T, self.w1.packed.data_ptr(), self.w1.row_scale.data_ptr(),
+                            self.w2.packed.data_ptr(), self.w2.row_scale.data_ptr(), self.intermediate,
+                            self._aq.data_ptr(), self._a_s.data_ptr(), y.data_ptr() or None, self._block_n(T),
+                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(), stream)
+
+        self.buffer.run_fused(launch, xq)
+        return y
 
     def _expert_gemms(self, T, pool=None, ps=None, pw=None, offsets=None, counts=None):
         """L1 (SwiGLU x top-k weight -> FP8, preallocated) then L2 (BF16 into the combine input) over the
@@ -169,7 +213,7 @@ class MegaMoE(torch.nn.Module):
         ops, buf = self._ops, self.buffer
         if pool is None:
             pool, ps, pw, offsets, counts = buf.pool_x, buf.pool_s, buf.pool_w, buf.exp_offsets, buf.exp_counts
-        block_n = ops.pick_block_n(-(-max(T, 1) * self.num_ranks * self.topk // self.num_experts))
+        block_n = self._block_n(T)
         ops.grouped_gemm_l1(pool, ps, self.w1, pw, group_offsets=offsets, group_counts=counts,
                             activation_clamp=self.activation_clamp, pow2=self.pow2_scales, block_n=block_n,
                             out=(self._aq, self._a_s))
@@ -184,6 +228,14 @@ class MegaMoE(torch.nn.Module):
         expert id seen by dispatch, a timeout naming rank and phase, a GEMM pipeline error)."""
         self.buffer.check_errors()
         self._ops.check_errors()
+
+    def resync(self) -> None:
+        """Collective for R > 1: after a timeout (or a device-side error) bring every rank's buffer state back
+        in step (symm_comm.Buffer.resync) and clear the fused kernel's barrier words."""
+        self.buffer.resync()
+        if getattr(self, "_grid_words", None) is not None:
+            self._grid_words.zero_()
+            torch.cuda.synchronize(self.device)
 
     def destroy(self) -> None:
         """Free the symmetric buffer (collective for R > 1: every rank calls it)."""

@@ -357,6 +357,28 @@ class Buffer:
             return _to_cupy(y)
         return y
 
+    def run_fused(self, launch, stream_tensor) -> None:
+        """For ONE kernel that performs this buffer's dispatch AND its pull combine itself (megamoe's fused
+        kernel, built from symm_comm's device workers): the host side of a dispatch() + combine() pair.
+        Errors of earlier calls are raised first (and a needed resync); then
+        launch(layout_ref, peers_ptr, host_words, timeout_ns, num_sms) is called (it enqueues the kernel on
+        stream_tensor's stream); the dispatch epoch advances (re-read after graph replays, as dispatch()
+        does) and earlier handles become stale. The kernel must keep symm_comm's epoch protocol (the
+        dispatch and combine phases' begin / end on every exit path) so that mixing it with plain
+        dispatch / combine calls on the same buffer stays valid."""
+        self._ready()
+        ta = _arrays.view(stream_tensor, "x")
+        with _arrays.device_of(ta):
+            captured = _arrays.capturing(ta)
+            if self._epoch_unknown and not captured:
+                torch.cuda.synchronize(self.device)
+                self._epoch = int(self.epochs[0].item())
+                self._epoch_unknown = False
+            launch(ctypes.byref(self.layout), self.peers.data_ptr(), self._hw, self.timeout_ns, self.num_sms)
+        self._dispatch_seq += 1
+        self._epoch += 1
+        self._epoch_unknown |= captured
+
     def _sync_check(self, a):
         if a.framework == "torch":
             torch.cuda.current_stream(self.device).synchronize()

@@ -1,0 +1,461 @@
+// The fused MegaMoE kernel: dispatch -> L1 GEMM (SwiGLU x top-k -> FP8) -> L2 GEMM -> pull combine in ONE
+// persistent, cooperative launch per rank (docs/design.md section 5). It is an assembly of the
+// standalone packages' device parts, called exactly as the staged pipeline's kernels call them, so the
+// output is bitwise the staged one (same tiles, same accumulation order, same epilogues):
+//   phase D  all threads: symm_comm's dispatch worker (metadata, cross-rank barrier, pool layout, pull)
+//   grid barrier 0 (this rank's CTAs: the pool, its scales / top-k weights and the layout are complete)
+//   phase L1 producer warpgroup + 2 math warpgroups (setmaxnreg split): fp4_gemm's mainloop + L1 epilogue
+//   grid barrier 1 (the L1 output complete)
+//   phase L2 the same roles, a fresh pipeline: fp4_gemm's mainloop + BF16 epilogue into the combine input
+//   grid barrier 2 (this rank's L2 rows complete: the pull combine's start signal may go out)
+//   phase C  all threads (registers rebalanced): symm_comm's pull combine (explicit release start signal)
+// What the kernel boundaries gave the staged pipeline, the grid barriers give here
+// (include/megamoe/grid_barrier.cuh has the ordering contract); TMA reads of rows written by
+// generic stores earlier in the launch are preceded by fence.proxy.async.global in the issuing thread.
+// Overlap of the phases (per-block arrival / readiness counters instead of grid barriers, the wave
+// scheduler of include/megamoe/scheduler.cuh) is the next step (docs/perf-notes.md).
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fp4_gemm/epilogue.cuh"
+#include "fp4_gemm/mainloop.cuh"
+#include "megamoe/grid_barrier.cuh"
+#include "megamoe_api.h"
+#include "symm_comm/symm_comm.cuh"
+#include "tensor_map.h"
+
+namespace megamoe {
+namespace {
+
+namespace fg = fp4_gemm;
+constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math warpgroups
+constexpr int kCombineK = 8;                      // the pull combine's k batch (symm_comm's standalone value)
+constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
+
+// The kernel's one named-barrier list: 0 = __syncthreads; 1 = the L1 epilogue (256 math threads);
+// 2 + wg = the staged BF16 store of math warpgroup wg.
+constexpr uint32_t kL1Barrier = 1;
+constexpr uint32_t kStoreBarrier0 = 2;
+static_assert(kStoreBarrier0 + fg::kMathThreads / 128 <= 16, "named barrier ids");
+// Grid barriers (grid_barrier.cuh), in call order.
+enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
+static_assert(kBarL2 < moe::kGridBarriers, "grid barrier words");
+
+template <int kCtasPerSm>
+struct RegisterSplit {
+  static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
+  static constexpr int kProducer = 40;
+  static constexpr int kMath = ((kLaunchRegs * kThreads - kProducer * 128) / fg::kMathThreads) / 8 * 8;
+  static_assert(kProducer * 128 + kMath * fg::kMathThreads <= kLaunchRegs * kThreads, "register file");
+};
+
+struct FusedParams {
+  SymmLayout L;
+  const uint64_t* peers;
+  int32_t* host_err;
+  uint64_t timeout_ns;
+  symm::DispatchArgs d;
+  int idx_bytes;
+  int dedup;            // the pull's dedup variant (symm_comm's dispatch picks it the same way)
+  int onepass;          // dispatch: the one-pass metadata scan fits in shared memory
+  fg::GroupedProblem pb1, pb2;
+  fg::WeightOperand w1, w2;
+  fg::TokenOperand x1, x2;
+  fg::L1Args l1;
+  __nv_bfloat16* l2_out;  // the pull combine's input rows (this rank's cmb_in)
+  uint16_t* y;
+  uint32_t* grid_words;
+};
+
+}  // namespace
+}  // namespace megamoe
+
+namespace megamoe {
+namespace {
+
+// ---- phase D: symm_comm's pull dispatch, as its standalone kernel runs it ------------------------------
+// (smem: the pool tables / metadata scratch, carved from the front of the dynamic window, unused by the
+// GEMM phases until grid barrier 0.) Returns the call's start (epoch, deadline, error sink).
+template <typename IdxT, bool kDedup>
+__device__ __forceinline__ void dispatch_phase(const FusedParams& p, const symm::Workers& W, int32_t* smem,
+                                               const uint64_t* s_peers, const symm::CallStart& call) {
+  using namespace symm;
+  const SymmLayout& L = p.L;
+  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
+  const ErrSink& err = call.err;
+  DispatchArgs a = p.d;
+  a.parity = (int)(epoch & 1);
+  a.push = SYMM_KIND_PULL;
+  const PoolTables t = PoolTables::carve(smem, L);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *pull_counter(local, L, a.parity ^ 1) = 0u;
+  publish_num_tokens(L, s_peers, a);
+  const bool small = (int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds;
+  const int G = (small || !p.onepass) ? 0 : (gridDim.x < SYMM_META_MAX_GROUPS ? (int)gridDim.x : SYMM_META_MAX_GROUPS);
+  bool meta_ok = true;
+  if (W.warp == 0 && (int)blockIdx.x < G) {
+    meta_ok = push_metadata_onepass<IdxT>(W, L, s_peers, local, a, G, smem, deadline, err);
+  } else {
+    const Stagers sg = Stagers::of(W, G);
+    clear_combine_buckets(sg, L, local);
+    clear_push_hist(sg, L, local, a.parity);
+    stage_inputs<IdxT, true, false>(sg, L, local, a, err);
+  }
+  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err, true);
+  else if (!p.onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
+  __syncthreads();
+  if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err, SYMM_PHASE_DISPATCH_RANKS,
+                               meta_ok, true, false)) {
+    build_pool_tables<true>(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
+    rank_arrive_whole(s_peers, L, SYMM_SIG_DISPATCH_DONE);
+    if (!check_capacity(W, L, t, a.masked != 0, err)) {
+      pad_blocks(W, L, local, t, /*aborted=*/true);
+    } else {
+      if (blockIdx.x == 0) publish_layout(W, L, local, t);
+      pad_blocks(W, L, local, t, false, false, true);
+      pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
+                                                                 pull_counter(local, L, a.parity));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch);
+}
+
+// ---- phase C: symm_comm's pull combine, as its standalone kernel runs it --------------------------------
+// The start signal is a RELEASE here (the standalone kernel's is relaxed, relying on the kernel boundary):
+// this launch wrote the L2 rows the peers read and the dispatch's peer stores (cmb_map), and grid barrier
+// 2 ordered every CTA's writes before CTA 0's signal (acquire by its thread 0, then a CTA barrier).
+// The L1 epilogue applied the top-k weights: the combine sums the rows unweighted (topk_w = null).
+__device__ __forceinline__ void combine_phase(const FusedParams& p, const symm::Workers& W, const uint64_t* s_peers,
+                                              const symm::CallStart& call) {
+  using namespace symm;
+  const SymmLayout& L = p.L;
+  const uint64_t local = call.local, epoch = call.epoch;
+  const int parity = (int)(epoch & 1);
+  if (blockIdx.x == 0)
+    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x, /*relaxed=*/false);
+  if (blockIdx.x == gridDim.x - 1)
+    combine_zero_next_and_signal<true>(s_peers, L, local, parity, combine_signal(epoch, true, true));
+  const bool started = pull_wait_started(local, L, epoch, threadIdx.x, call.deadline, call.err);
+  const bool go = __syncthreads_and(started);
+  if (go) combine_pull_run<kCombineK>(W, L, s_peers, local, p.d.num_tokens, nullptr, p.y, call.err);
+  combine_end(local, L, epoch);
+}
+
+// ---- phases L1 / L2: fp4_gemm's roles, as its standalone kernel runs them -------------------------------
+// Every thread of the CTA calls it (roles split inside; the register split was made once by the caller).
+// `table`: the scheduler's unit table of this problem (built before the split). The pipeline is fresh
+// (initialised by the caller); the producer's ring iteration starts at 0.
+template <class Cfg, bool kL1Epi>
+__device__ __forceinline__ void gemm_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
+                                           const fg::GroupedProblem& pb, const fg::WeightOperand& w,
+                                           const fg::TokenOperand& x, const fg::L1Args& l1, __nv_bfloat16* out,
+                                           const int* table, const moe::ErrSink& err, uint64_t timeout_ns) {
+  using Sched = fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN>;
+  const int tid = threadIdx.x;
+  Sched sched(pb, table);
+  fg::Tile t;
+  uint32_t iter = 0;
+  if (tid < 128) {
+    // TMA reads rows that generic stores of other CTAs wrote before the grid barrier: proxy fence after the
+    // acquire (grid_barrier.cuh), in the thread that issues the loads.
+    if (tid == 0) ptx::fence_proxy_async_global();
+    bool ok = true;
+    while (ok && sched.next(t))
+      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
+        ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, tid, err, timeout_ns);
+  } else {
+    const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
+    auto epilogue = [&](const fg::Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t) {
+      const float* row_scale = w.row_scale + int64_t(t.group) * pb.n;
+      if constexpr (!kL1Epi) {
+        const int n0 = t.n_block * fg::WL::kBlockRows + wg * fg::WL::kRowsPerWarpgroup;
+        if constexpr (Cfg::kStagedStore)
+          fg::store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, out, pb.n, t.row0, t.rows, n0,
+                                                                   tid_in_wg, sm.store_tile(wg),
+                                                                   kStoreBarrier0 + uint32_t(wg));
+        else
+          fg::store_bf16<Cfg::kBlockN>(acc, row_scale, out, pb.n, t.row0, t.rows, n0, tid_in_wg);
+      } else {
+        fg::store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
+            acc, row_scale, l1, pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(), sm.l1_scales(),
+            sm.stash(), sm.store_tile(0), kL1Barrier);
+      }
+    };
+    if constexpr (Cfg::kPath == fg::WeightPath::kRegs) {
+      fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, err, timeout_ns, epilogue);
+    } else {
+      float acc[Cfg::kAccRegs];
+      bool ok = true;
+      while (ok && sched.next(t))
+        for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
+          ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, err, timeout_ns);
+          if (ok) epilogue(t, acc, 0);
+        }
+    }
+  }
+}
+
+// Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
+// next phase's pipeline is initialised over the same shared memory. One thread, after a CTA barrier that
+// follows every wait on them.
+template <class Cfg>
+__device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
+  for (int s = 0; s < Cfg::kNumStages; ++s) {
+    ptx::mbar_inval(sm.full(s));
+    ptx::mbar_inval(sm.empty(s));
+  }
+}
+
+// One thread per CTA between two CTA barriers; false on timeout (reported).
+__device__ __forceinline__ bool grid_sync(const moe::GridBarrier& gb, int b, uint64_t deadline, const moe::ErrSink& err) {
+  return gb.arrive_wait(b, deadline, err, SYMM_ERR_TIMEOUT, MOE_PHASE_GRID0 + b);
+}
+
+// Shared memory: the GEMM phases' plans (one at a time) and, after the larger of them, the L2 problem's
+// unit table (built with L1's before the register split) and the peer table.
+template <class CL1, class CL2>
+struct FusedSmem {
+  static constexpr int kGemmBytes = CL1::kSmemBytes > CL2::kSmemBytes ? CL1::kSmemBytes : CL2::kSmemBytes;
+  static constexpr int kTable2Off = (kGemmBytes + 15) / 16 * 16;
+  static constexpr int kPeersOff = kTable2Off + fg::kUnitTableBytes;
+  static constexpr int kBytes = kPeersOff + SYMM_MAX_RANKS * 8;
+  static_assert(kBytes <= 232448 / CL1::kCtasPerSm - (CL1::kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
+  static_assert(CL1::kCtasPerSm == CL2::kCtasPerSm && CL1::kBlockN == CL2::kBlockN, "one token tile, one split");
+};
+
+template <class CL1, class CL2>
+__global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
+    fused_moe_kernel(const __grid_constant__ CUtensorMap tmap_pool, const __grid_constant__ CUtensorMap tmap_l1,
+                     const FusedParams p) {
+  using S = FusedSmem<CL1, CL2>;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int tid = threadIdx.x;
+  uint64_t* s_peers = reinterpret_cast<uint64_t*>(smem + S::kPeersOff);
+  int* table2 = reinterpret_cast<int*>(smem + S::kTable2Off);
+  const symm::Workers W = symm::Workers::cta();
+  const SymmLayout& L = p.L;
+
+  // ---- phase D --------------------------------------------------------------------------------------
+  const symm::CallStart call = symm::begin_call(L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
+  const moe::GridBarrier gb{p.grid_words, uint32_t(call.epoch & 1), gridDim.x};
+  if (blockIdx.x == 0 && tid == 0) gb.clear_next_row();
+  if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; uniform over the grid
+    if (tid == 0) moe::report_error(call.err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
+    return;  // every CTA leaves: no barrier waits for another
+  }
+  int32_t* dsm = reinterpret_cast<int32_t*>(smem);
+  if (p.idx_bytes == 8) {
+    if (p.dedup) dispatch_phase<int64_t, true>(p, W, dsm, s_peers, call);
+    else dispatch_phase<int64_t, false>(p, W, dsm, s_peers, call);
+  } else {
+    if (p.dedup) dispatch_phase<int32_t, true>(p, W, dsm, s_peers, call);
+    else dispatch_phase<int32_t, false>(p, W, dsm, s_peers, call);
+  }
+  // (phase D ends with a CTA barrier)
+  bool ok = true;
+  __shared__ int s_ok;
+  if (tid == 0) s_ok = grid_sync(gb, kBarPool, call.deadline, call.err);
+  __syncthreads();
+  ok = s_ok != 0;
+
+  // ---- phases L1, L2 ----------------------------------------------------------------------------------
+  fg::SmemView<CL1> sm1{smem};
+  fg::SmemView<CL2> sm2{smem};
+  using Sched1 = fg::GroupedScheduler<CL1::kBlockN, fg::WL::kBlockRows, 1, CL1::kPairN>;
+  using Sched2 = fg::GroupedScheduler<CL2::kBlockN, fg::WL::kBlockRows, 1, CL2::kPairN>;
+  static_assert(Sched1::kTableThreads == kThreads, "the whole CTA builds the unit tables");
+  fg::init_pipeline(sm1, tid, kThreads);
+  Sched1::build_table(p.pb1, sm1.unit_table(), reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
+  __syncthreads();
+  Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
+  __syncthreads();
+  using Regs = RegisterSplit<CL1::kCtasPerSm>;
+  if (tid < 128) ptx::setmaxnreg_dec<Regs::kProducer>();
+  else ptx::setmaxnreg_inc<Regs::kMath>();
+  if (ok) gemm_phase<CL1, true>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, p.l1, nullptr, sm1.unit_table(), call.err,
+                                p.timeout_ns);
+  // L2's TMA writes reuse shared memory L1's epilogue wrote through the generic proxy.
+  ptx::fence_proxy_async_smem();
+  __syncthreads();
+  if (tid == 0) {
+    s_ok = ok && grid_sync(gb, kBarL1, call.deadline, call.err);
+    retire_pipeline(sm1);
+  }
+  __syncthreads();
+  ok = s_ok != 0;
+  if (tid >= 128) fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);  // the math threads: 232 registers
+  __syncthreads();
+  if (ok) gemm_phase<CL2, false>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, p.l1, p.l2_out, table2, call.err, p.timeout_ns);
+  __syncthreads();
+  if (tid == 0) {
+    s_ok = ok && grid_sync(gb, kBarL2, call.deadline, call.err);
+    retire_pipeline(sm2);
+  }
+  // Back to one register count for the combine's threads (math first: the producer's increase waits for
+  // the registers the math warpgroups release).
+  if (tid >= 128) ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
+  else ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
+  __syncthreads();
+
+  // ---- phase C: symm_comm's pull combine --------------------------------------------------------------
+  const symm::CallStart cc = symm::begin_call(L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
+  combine_phase(p, W, s_peers, cc);
+}
+
+// ---- host --------------------------------------------------------------------------------------------
+constexpr int kMaxDevices = 64;
+
+template <class CL1, class CL2>
+int launch(FusedParams& p, const void* pool_x, const void* l1_q, int num_sms, cudaStream_t stream) {
+  using S = FusedSmem<CL1, CL2>;
+  const SymmLayout& L = p.L;
+  // Dispatch scratch (tables / one-pass metadata counts) from offset 0, below the peer table.
+  const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
+  p.onepass = meta * 4 <= S::kPeersOff && meta * 4 <= 160 * 1024;
+  int64_t ints = p.onepass && meta > tables ? meta : tables;
+  if (ints < symm::kMetaWarpMaxIds) ints = symm::kMetaWarpMaxIds;
+  if (ints * 4 > S::kPeersOff) return MOE_EUNSUPPORTED;  // too many local experts x ranks for this tile
+  CUtensorMap m1, m2;
+  const int64_t P = L.pool_rows;
+  if (int rc = fg::make_tensor_map_2d_u8(&m1, pool_x, p.pb1.k, P, p.pb1.k, fg::WL::kBlockK, CL1::kTmaBoxRows)) return rc;
+  if (int rc = fg::make_tensor_map_2d_u8(&m2, l1_q, p.pb2.k, P, p.pb2.k, fg::WL::kBlockK, CL2::kTmaBoxRows)) return rc;
+  auto kernel = fused_moe_kernel<CL1, CL2>;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static int per_sm_cache[kMaxDevices] = {};  // per instantiation: co-resident CTAs per SM
+  static int sms_cache[kMaxDevices] = {};
+  if (dev >= kMaxDevices) return MOE_EUNSUPPORTED;
+  if (per_sm_cache[dev] == 0) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes);
+    int per_sm = 0, sms = 0, coop = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, S::kBytes);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return int(e);
+    }
+    if (per_sm < 1 || !coop) return MOE_ECOOP;
+    per_sm_cache[dev] = per_sm < CL1::kCtasPerSm ? per_sm : CL1::kCtasPerSm;
+    sms_cache[dev] = sms;
+  }
+  int sms = sms_cache[dev];
+  if (num_sms > 0 && num_sms < sms) sms = num_sms;
+  const int grid = sms * per_sm_cache[dev];
+  void* argv[] = {&m1, &m2, &p};
+  const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(grid), dim3(kThreads),
+                                                    argv, S::kBytes, stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return int(e);
+  }
+  return 0;
+}
+
+// The staged pipeline's configurations per token tile (fp4_gemm/csrc/grouped_gemm.cu run_grouped_gemm),
+// without the 128-token kernel's 2-CTA multicast (a cooperative launch has no clusters; the token tile's
+// bytes are the same, only how they arrive differs, so the bits are too). Stage counts may be lower where
+// the two plans and the L2 table must fit one CTA's shared memory (stages do not change the bits either).
+template <int kBlockN>
+struct Configs;
+using P_ = fg::WeightPath;
+template <> struct Configs<8> {
+  using L1 = fg::MainloopConfig<8, 10, P_::kSmem, 2, false, true>;
+  using L2 = fg::MainloopConfig<8, 10, P_::kSmem, 2, false, false>;
+};
+template <> struct Configs<16> {
+  using L1 = fg::MainloopConfig<16, 8, P_::kSmem, 2, false, true>;
+  using L2 = fg::MainloopConfig<16, 8, P_::kSmem, 2, false, false>;
+};
+template <> struct Configs<32> {
+  using L1 = fg::MainloopConfig<32, 16, P_::kSmem, 1, false, true>;
+  using L2 = fg::MainloopConfig<32, 16, P_::kSmem, 1, false, false>;
+};
+template <> struct Configs<64> {
+  using L1 = fg::MainloopConfig<64, 12, P_::kRegs, 1, false, true>;
+  using L2 = fg::MainloopConfig<64, 12, P_::kRegs, 1, false, false>;
+};
+template <> struct Configs<128> {
+  using L1 = fg::MainloopConfig<128, 9, P_::kRegs, 1, false, true>;
+  using L2 = fg::MainloopConfig<128, 9, P_::kRegs, 1, false, false>;
+};
+
+template <int kBlockN>
+int run(FusedParams& p, const void* pool_x, const void* l1_q, int num_sms, cudaStream_t stream) {
+  return launch<typename Configs<kBlockN>::L1, typename Configs<kBlockN>::L2>(p, pool_x, l1_q, num_sms, stream);
+}
+
+bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
+
+}  // namespace
+}  // namespace megamoe
+
+extern "C" MOE_API const char* megamoe_error_string(int code) {
+  switch (code) {
+    case MOE_OK: return "success";
+    case MOE_EINVAL: return "invalid argument";
+    case MOE_EALIGN: return "misaligned pointer";
+    case MOE_EUNSUPPORTED: return "configuration not supported by the fused kernel";
+    case MOE_ELAYOUT: return "symm_comm layout version mismatch (rebuild)";
+    case MOE_ECOOP: return "the fused kernel cannot be launched cooperatively (one CTA per SM) on this device";
+    default: return code > 0 ? cudaGetErrorString(cudaError_t(code)) : "unknown error";
+  }
+}
+
+extern "C" MOE_API int megamoe_abi_version(void) { return MOE_ABI_VERSION; }
+
+extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uint64_t* peers, int32_t* host_err,
+                                             int64_t timeout_ns, int num_sms, uint32_t* grid_words, const void* x_q,
+                                             const float* x_s, const void* topk_idx, int idx_bytes,
+                                             const float* topk_w, int num_tokens, const void* w1, const float* w1_rs,
+                                             const void* w2, const float* w2_rs, int intermediate, void* l1_q,
+                                             float* l1_s, void* y, int block_n, float activation_clamp, int pow2,
+                                             void* local_base, cudaStream_t stream) {
+  using namespace megamoe;
+  if (!layout || layout->version != SYMM_LAYOUT_VERSION) return MOE_ELAYOUT;
+  const SymmLayout& L = *layout;
+  if (!peers || !grid_words || !local_base || timeout_ns <= 0 || num_tokens < 0 || num_tokens > L.max_tokens ||
+      (idx_bytes != 4 && idx_bytes != 8) || intermediate <= 0 || intermediate % 128 || L.hidden % 128 ||
+      L.cmb_in_rows < L.pool_rows || !(activation_clamp >= 0.f) || !w1 || !w1_rs || !w2 || !w2_rs || !l1_q || !l1_s)
+    return MOE_EINVAL;
+  if (num_tokens > 0 && (!x_q || !x_s || !topk_idx || !topk_w || !y)) return MOE_EINVAL;
+  if (!aligned16(x_q) || !aligned16(x_s) || !aligned16(topk_w) || !aligned16(peers) || !aligned16(y) ||
+      !aligned16(w1) || !aligned16(w2) || !aligned16(l1_q) || !aligned16(local_base))
+    return MOE_EALIGN;
+  FusedParams p{};
+  p.L = L;
+  p.peers = peers;
+  p.host_err = host_err;
+  p.timeout_ns = uint64_t(timeout_ns);
+  constexpr int small_dedup = 1;  // symm_comm's dispatch default
+  p.d = symm::DispatchArgs{x_q, x_s, topk_idx, topk_w, num_tokens, 0, 0, 0, small_dedup};
+  const bool dedup_sent = L.topk > 0 && 32 % L.topk == 0;
+  p.dedup = !((int64_t)num_tokens * L.topk <= (dedup_sent ? symm::kPlainPullMaxIds : symm::kMetaWarpMaxIds));
+  p.idx_bytes = idx_bytes;
+  p.grid_words = grid_words;
+  const uint64_t base = reinterpret_cast<uint64_t>(local_base);
+  const int* offs = reinterpret_cast<const int*>(base + L.off_exp_offsets);
+  const int* cnts = reinterpret_cast<const int*>(base + L.off_exp_counts);
+  const int Lx = L.num_local_experts, H = L.hidden, I = intermediate;
+  p.pb1 = fg::GroupedProblem{fg::GroupLayout::kContiguous, Lx, 2 * I, H, L.pool_rows, 0, offs, cnts, nullptr};
+  p.pb2 = fg::GroupedProblem{fg::GroupLayout::kContiguous, Lx, H, I, L.pool_rows, 0, offs, cnts, nullptr};
+  p.w1 = fg::WeightOperand{static_cast<const uint8_t*>(w1), w1_rs};
+  p.w2 = fg::WeightOperand{static_cast<const uint8_t*>(w2), w2_rs};
+  p.x1 = fg::TokenOperand{reinterpret_cast<const float*>(base + L.off_pool_s), H / 128};
+  p.x2 = fg::TokenOperand{l1_s, I / 128};
+  p.l1 = fg::L1Args{reinterpret_cast<const float*>(base + L.off_pool_w), static_cast<uint8_t*>(l1_q), l1_s,
+                    activation_clamp, pow2 != 0};
+  p.l2_out = reinterpret_cast<__nv_bfloat16*>(base + L.off_cmb_in);
+  p.y = static_cast<uint16_t*>(y);
+  const void* pool_x = reinterpret_cast<const void*>(base + L.off_pool_x);
+  switch (block_n) {
+    case 8: return run<8>(p, pool_x, l1_q, num_sms, stream);
+    case 16: return run<16>(p, pool_x, l1_q, num_sms, stream);
+    case 32: return run<32>(p, pool_x, l1_q, num_sms, stream);
+    case 64: return run<64>(p, pool_x, l1_q, num_sms, stream);
+    case 128: return run<128>(p, pool_x, l1_q, num_sms, stream);
+    default: return MOE_EINVAL;
+  }
+}

@@ -1,0 +1,38 @@
+"""ctypes signatures of libmegamoe.so (csrc/megamoe_api.h): the fused kernel's launcher."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from ._native import KernelsNotBuiltError, NativeLib
+
+c_i64, c_int, c_vp, c_f = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+
+LIB = NativeLib("megamoe", Path(__file__).parent, {
+    "megamoe_error_string": ([c_int], ctypes.c_char_p),
+    "megamoe_abi_version": ([], c_int),
+    # layout, peers, host_err, timeout_ns, num_sms, grid_words, x_q, x_s, topk_idx, idx_bytes, topk_w, T,
+    # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, stream
+    "megamoe_fused_forward": ([c_vp, c_vp, c_vp, c_i64, c_int, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_int,
+                               c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp], c_int),
+}, error_fn="megamoe_error_string")
+ABI_VERSION = 1  # csrc/fused.cu megamoe_abi_version
+
+
+def grid_barriers() -> int:
+    """kGridBarriers of include/megamoe/grid_barrier.cuh (the header is the one definition)."""
+    from ._native import header_constants, package_header
+    return header_constants(package_header(Path(__file__).parent, "megamoe/grid_barrier.cuh"))["kGridBarriers"]
+
+_abi_ok: set = set()
+
+
+def require_abi(lib: NativeLib = LIB) -> None:
+    """The loaded library must implement this package's C ABI; checked once per library."""
+    if id(lib) in _abi_ok:
+        return
+    lib.require()
+    got = lib.lib.megamoe_abi_version()
+    if got != ABI_VERSION:
+        raise KernelsNotBuiltError(f"libmegamoe.so implements ABI {got}, this package needs {ABI_VERSION}: rebuild it")
+    _abi_ok.add(id(lib))
