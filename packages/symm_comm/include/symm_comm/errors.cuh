@@ -25,7 +25,7 @@
 // 6: retired (combine has no grid barrier any more); kept free so the other numbers stay stable.
 #define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
-#define SYMM_PHASE_DISPATCH_PUSH_DONE 9  // push dispatch end: a peer has not finished storing into this rank
+// 9: retired (the push dispatch's completion barrier, removed in layout v10); kept free.
 #define SYMM_PHASE_COMBINE_PULL 10     // pull combine: waiting for the owners' start signals / reading their rows
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
