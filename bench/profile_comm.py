@@ -3,7 +3,7 @@ each), a few dispatch (contiguous and masked) + combine calls at small shapes, f
 then a check of the combine against the local sum of what was dispatched (catches a run that silently
 did nothing) and the buffer's error word; then the pull combine of the same rows (bitwise equal). Run it under the tool, e.g.
   compute-sanitizer --tool memcheck python3 bench/profile_comm.py [tokens ...]
-The dispatch mode follows SYMM_DISPATCH_PUSH / SYMM_PUSH_MIN_TOKENS as usual. SYMM_PROFILE_SHAPE="E,H,K"
+SYMM_PROFILE_SHAPE="E,H,K"
 (default "8 * ranks,512,4") sets the experts, hidden size and top-k, e.g. the bench's "256,7168,8" for ncu:
   CUDA_VISIBLE_DEVICES=0 SYMM_PROFILE_SHAPE=256,7168,8 ncu --clock-control none -k regex:symm_dispatch \
       --launch-skip 2 --launch-count 1 --set full --import-source yes -o dispatch128 \

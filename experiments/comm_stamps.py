@@ -1,9 +1,8 @@
 """Where the time of one symm_comm dispatch / combine goes: %globaltimer stamps the kernels write into
 their state (CTA 0's view of each stage, and the last CTA out), read after a back-to-back sequence
 like bench/comm.py's (H 7168, 256 experts, top-8). Prints, per rank and token count, the stages in us
-from the dispatch's start, the gap between the dispatch's end and the combine's start, the mode the
-last dispatch ran in (push / pull, and which kernel kind: SYMM_DISPATCH_PUSH=2 decides per call), and
-the CUDA-event time of each call. Diagnostics only; run on >= 1 GPU: python3 experiments/comm_stamps.py"""
+from the dispatch's start, the gap between the dispatch's end and the combine's start, and the
+CUDA-event time of each call. Diagnostics only; run on >= 1 GPU: python3 experiments/comm_stamps.py"""
 from __future__ import annotations
 
 import os
@@ -64,12 +63,6 @@ def _worker(rank, world, port, tokens):
         s = buf.raw[off:off + 12 * 8].view(torch.int64).cpu().tolist()
         t0 = s[0]
         rel = " ".join(f"{n}={(v - t0) / 1e3:.1f}" for n, v in zip(NAMES, s[:10]))
-        if s[10] > t0:  # push call: CTA 0 finished storing, before the done barrier
-            rel += f" d.pushed(cta0)={(s[10] - t0) / 1e3:.1f}"
-        # stamp 11 (not a time): the last dispatch's mode, 0x100 | kind << 4 | pushed (layout.cuh)
-        m = s[11]
-        kind = {0: "pull-kernel", 1: "push-kernel", 2: "auto-kernel"}.get((m >> 4) & 0xF, "?")
-        rel += f" mode={'push' if m & 1 else 'pull'}({kind})" if m & 0x100 else " mode=?"
         dt = sorted(t for rep in tt for t in (rep if no_c else rep[0::2]))
         med = lambda v: f"{v[len(v) // 2] * 1e6:.1f}"  # noqa: E731
         if no_c:  # no combine ran: its stamps are stale, so only the dispatch is reported

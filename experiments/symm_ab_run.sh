@@ -3,7 +3,7 @@
 # code is the working tree's, only the libraries differ):
 #   experiments/symm_ab_run.sh LIB_A LIB_B      (LIB_*: folders holding libsymm_comm.so, carried)
 # 1. every symm_comm GPU test with LIB_A (1 and 2 ranks, both backends when .whl/ holds the wheel);
-# 2. compute-sanitizer memcheck of bench/profile_comm.py 1 37 128 600 with LIB_A (pull and auto modes);
+# 2. compute-sanitizer memcheck of bench/profile_comm.py 1 37 128 600 with LIB_A;
 # 3. bench/comm.py A, B at 1 / 128 / 4096 tokens, then A, B again at 128 tokens (alternating, one lease).
 # Key lines to stdout (few files come back from $OUT).
 set -uo pipefail
@@ -11,11 +11,9 @@ a=$1; b=$2
 source scripts/gpu_env.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 MEGAMOE_LIB_DIR=$PWD/$a timeout 280 python3 -m pytest -q -x -m "gpu or multigpu" tests/symm_comm 2>&1 | tail -3
-for env in "SYMM_DISPATCH_PUSH=0" "SYMM_DISPATCH_PUSH=2 SYMM_PUSH_MIN_TOKENS=100"; do
-  env $env MEGAMOE_LIB_DIR=$PWD/$a timeout 120 compute-sanitizer --tool memcheck --target-processes all \
-    --report-api-errors no --error-exitcode 9 python3 bench/profile_comm.py 1 37 128 600 > "$OUT/memcheck.log" 2>&1
-  echo "memcheck ($env) rc=$?"; grep -E "ERROR SUMMARY|wrong" "$OUT/memcheck.log" | sort | uniq -c
-done
+MEGAMOE_LIB_DIR=$PWD/$a timeout 120 compute-sanitizer --tool memcheck --target-processes all \
+  --report-api-errors no --error-exitcode 9 python3 bench/profile_comm.py 1 37 128 600 > "$OUT/memcheck.log" 2>&1
+echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|wrong" "$OUT/memcheck.log" | sort | uniq -c
 run() {  # lib, tokens...
   local lib=$1; shift
   echo "== $lib: tokens $*"

@@ -611,57 +611,7 @@ def run_all(backend, scenarios, res):
         buf.timeout_ns = int(30e9)
         one_round(buf, x, s, idx, w, "contiguous", weighted=True)
 
-    def auto_modes():
-        """SYMM_DISPATCH_PUSH=2 with SYMM_PUSH_MIN_TOKENS=64 (set by test_comm_auto_mode): calls on both sides
-        of the threshold in one process, (a) one by one with every row checked and the mode read from
-        stamp 11, (b) back to back without a host sync in between (modes switching every call: the done
-        row must stay counted, else a push call after a pull call times out in phase 9), combine results
-        checked at the end; masked and contiguous."""
-        if os.environ.get("SYMM_DISPATCH_PUSH", "2") != "2":
-            return
-        thr = int(os.environ.get("SYMM_PUSH_MIN_TOKENS", "-1"))
-        if not 0 < thr <= T_max:  # needs a threshold inside the buffer's max_tokens (test_comm_auto_mode sets 64)
-            return
-        st = buf.raw[buf.layout.off_state + 160 + 11 * 8:buf.layout.off_state + 160 + 12 * 8].view(torch.int64)
-        # per call: this rank's T (rank-dependent patterns: all small, all big, one big, at the threshold)
-        pats = [lambda r: 5, lambda r: T_max, lambda r: T_max if r == 0 else 3, lambda r: thr - 1,
-                lambda r: thr, lambda r: 0 if r == R - 1 else thr - 1, lambda r: 1,
-                lambda r: thr if r == R - 1 else 0, lambda r: 40, lambda r: 100]
-        for i, pat in enumerate(pats):
-            T = pat(rank)
-            Ts = [pat(r) for r in range(R)]
-            x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
-            one_round(buf, x, s, idx, w, "masked" if i % 3 == 2 else "contiguous", weighted=bool(i % 2),
-                      a2a=(i % 4 == 0))
-            v = int(st.item())
-            want_push = max(Ts) >= thr
-            want_kind = 1 if T >= thr else 2
-            assert v & 0x100, f"call {i}: mode stamp not written"
-            assert (v & 1) == int(want_push), f"call {i}: Ts {Ts} thr {thr}: stamp {v:#x}, expected push={want_push}"
-            assert (v >> 4) & 0xF == want_kind, f"call {i}: kernel kind {(v >> 4) & 0xF}, expected {want_kind}"
-        # (b) back to back, no host sync between calls (check=False), modes alternating
-        outs = []
-        for i in range(24):
-            pat = pats[(i * 7) % len(pats)]
-            T = pat(rank)
-            x, s, idx, w = make_inputs(rank, T, H, E, K, gen)
-            layout = "masked" if i % 5 == 4 else "contiguous"
-            *_, h = buf.dispatch(x, s, idx, w, layout=layout, check=False)
-            eo = expert_out_from_row_src(buf, buf.pool_rows)
-            if layout == "masked":
-                eo = eo[:buf.num_local_experts * buf.max_m].view(buf.num_local_experts, buf.max_m, H)
-            y = buf.combine(eo, h, topk_w=w if i % 2 else None, check=False)
-            outs.append((y, idx, w, bool(i % 2), st.clone()))
-        torch.cuda.synchronize()
-        buf.check_errors()
-        for i, (y, idx, w, weighted, v) in enumerate(outs):
-            ref = expected_combine(rank, idx, w, H, E, weighted)
-            assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), f"back-to-back call {i}: combine differs"
-            Ts = [pats[(i * 7) % len(pats)](r) for r in range(R)]
-            assert (int(v.item()) & 1) == int(max(Ts) >= thr), f"back-to-back call {i}: mode {int(v.item()):#x}"
-
     try:
-        step("auto_modes", auto_modes)
         step("basic", basic)
         step("few_sms", few_sms)
         step("zero_tokens", zero_tokens)

@@ -61,39 +61,13 @@ def test_comm(world, backend, scenarios):
     _run_scenarios(world, backend, scenarios.split(","))
 
 
-@pytest.mark.parametrize("push", ["0", "1", "2"])
-@pytest.mark.parametrize("world", WORLDS)
-def test_comm_pull_path(world, push, monkeypatch):
-    """The same checks with SYMM_DISPATCH_PUSH=0 (pull), =1 (push dispatch) and =2 (auto; the default is 0:
-    at the test's sizes all pull: the buffers' max_tokens are below the threshold, so the PULL kernel runs;
-    test_comm_auto_mode covers the AUTO / PUSH kernels of the auto mode), whatever the
-    environment of the run: both paths must give the exact rows, counts, arrivals and combine results
-    the workers check (env read once per process: the spawned workers inherit it)."""
-    monkeypatch.setenv("SYMM_DISPATCH_PUSH", push)
-    scen = SCENARIOS[0].split(",") + ["pool_overflow"]
-    _run_scenarios(world, "torch", scen)
-
-
-@pytest.mark.parametrize("world", WORLDS)
-def test_comm_auto_mode(world, monkeypatch):
-    """SYMM_DISPATCH_PUSH=2 (auto, per call) with the threshold at 64 tokens: calls on both sides of it in
-    one process, checked one by one (rows, combine, the mode in stamp 11) and back to back without a host
-    sync (the done signal row must stay counted across mode switches), then the usual cases."""
-    monkeypatch.setenv("SYMM_DISPATCH_PUSH", "2")
-    monkeypatch.setenv("SYMM_PUSH_MIN_TOKENS", "64")
-    scen = ["auto_modes", "basic", "zero_tokens", "one_expert", "many_calls"]
-    monkeypatch.setenv("SYMM_TEST_CALLS", "60")
-    _run_scenarios(world, "torch", scen)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_comm_oversubscribed(world, monkeypatch):
     """2 and 4 ranks on the GPUs there are, one GPU included (rank r on GPU r % #GPUs; comm_worker.oversubscribed,
     symm_comm.testing): the protocol with 1 and 3 peers, exact rows, counts, push and pull combines. The
     buffers are mapped through CUDA IPC (backend="ipc": torch symmetric memory and NVSHMEM want one rank per
-    GPU), the dispatch kind is the environment's (SYMM_DISPATCH_PUSH=1 / 2 run the push / auto kinds). An
-    emulation for machines with fewer GPUs than ranks (time-sliced, slow); with as many GPUs as ranks the
+    GPU). An emulation for machines with fewer GPUs than ranks (time-sliced, slow); with as many GPUs as ranks the
     real-GPU tests above cover it."""
     if NG >= world:
         pytest.skip(f"{NG} GPUs >= {world} ranks: the real-GPU tests run {world} ranks")

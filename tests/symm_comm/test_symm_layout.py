@@ -16,7 +16,7 @@ def test_struct_mirror_size():
     lib = _lib_or_skip().lib
     from symm_comm._lib import SymmLayout
     assert lib.symm_layout_size() == ctypes.sizeof(SymmLayout)
-    assert lib.symm_abi_version() == 2
+    assert lib.symm_abi_version() == 3
     for code in (0, -1, -2, -3, -4):
         assert lib.symm_error_string(code)
 
@@ -37,7 +37,7 @@ def test_layout_regions(R, E, H, K, T, bm, cin):
     # combine chunks: a power of two >= 16 tokens, C chunks cover T, shared tables (R + 5) * C <= 8192 ints
     ch, C = L.combine_chunk, L.num_chunks
     assert ch >= 16 and ch & (ch - 1) == 0 and C == -(-T // ch) and (R + 5) * C <= 8192
-    assert L.version == 9
+    assert L.version == 10
     # default pool: contiguous worst case, a multiple of block_m, and room for the masked layout
     assert L.pool_rows % bm == 0
     assert L.pool_rows >= R * T * K + Lx * (bm - 1)
@@ -46,8 +46,8 @@ def test_layout_regions(R, E, H, K, T, bm, cin):
     offs = [getattr(L, "off_" + r) for r in REGIONS]
     assert offs == sorted(offs) and offs[0] == 0
     assert all(o % 1024 == 0 for o in offs)
-    need = {"signals": 3 * R * 8, "state": 256, "meta_count": 2 * Lx * R * 4, "meta_slots": 2 * Lx * R * T * 4,
-            "meta_all": 2 * (E + 1) * R * 4, "meta_map": 2 * R * T * K * 4, "push_slot": T * K * 4, "push_hist": 4 * R * C * 4,
+    need = {"signals": 2 * R * 8, "state": 256, "meta_count": 2 * Lx * R * 4, "meta_slots": 2 * Lx * R * T * 4,
+            "meta_map": 2 * R * T * K * 4, "id_slot": T * K * 4,
             "stage_x": 2 * T * H, "stage_s": 2 * T * S * 4, "stage_w": 2 * T * K * 4, "kmask": T * 4,
             "meta_scan": 256 * E * 4,  # SYMM_META_MAX_GROUPS rows
             "cmb_hist": R * C * 4, "cmb_order": R * C * ch * K * 4, "cmb_arr": 2 * T * 4,
@@ -62,7 +62,7 @@ def test_layout_regions(R, E, H, K, T, bm, cin):
     assert L.total_bytes == offs[-1] + rb["cmb_in"]
     # halves are 16-byte multiples so every half starts 16-byte aligned
     for h in ("meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half", "stage_w_half", "combine_half",
-              "cmb_arr_half", "meta_all_half", "meta_map_half"):
+              "cmb_arr_half", "meta_map_half"):
         assert getattr(L, h) % 16 == 0
 
 

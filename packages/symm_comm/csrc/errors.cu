@@ -15,7 +15,8 @@ extern "C" const char* symm_error_string(int code) {
   }
 }
 
-extern "C" int symm_abi_version(void) { return 2; }  // 2: symm_layout_init(cmb_in_rows), symm_combine_pull
+extern "C" int symm_abi_version(void) { return 3; }  // 2: symm_layout_init(cmb_in_rows), symm_combine_pull;
+                                                      // 3: symm_dispatch_kind removed
 extern "C" int symm_layout_size(void) { return (int)sizeof(SymmLayout); }
 
 extern "C" int symm_layout_init(SymmLayout* out, int num_ranks, int rank, int num_experts, int hidden, int topk,

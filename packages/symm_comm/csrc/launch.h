@@ -2,7 +2,6 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <mutex>
 #include "symm_api.h"
 #include "symm_comm/layout.cuh"
@@ -18,13 +17,6 @@ inline int clear_and_return(cudaError_t e) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-// Integer measurement knob from the environment (SYMM_*), `dflt` when unset or empty. Read once per
-// process by the callers (static locals).
-inline int env_int(const char* name, int dflt) {
-  const char* v = getenv(name);
-  return v && *v ? atoi(v) : dflt;
-}
 
 inline int check_layout(const SymmLayout* L) {
   if (!L || L->version != SYMM_LAYOUT_VERSION || L->num_ranks < 1 || L->num_ranks > 64 || L->total_bytes <= 0)

@@ -42,14 +42,6 @@ SYMM_API int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, cons
                            const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens, int masked,
                            int num_sms, int64_t timeout_ns, int32_t* host_err, cudaStream_t stream);
 
-// The dispatch kernel kind this rank launches for a call of num_tokens (SYMM_KIND_* of layout.cuh:
-// 0 pull, 1 push, 2 auto = decided in the kernel: push iff some rank's num_tokens >= the threshold).
-// mode: SYMM_DISPATCH_PUSH (0 pull, 1 push, else auto); min_tokens_env: SYMM_PUSH_MIN_TOKENS (< 0: the
-// default from the layout); *min_tokens_out (may be null): the threshold used. Returns the kind (>= 0)
-// or a negative SYMM_E* code. symm_dispatch uses it with the environment's values.
-SYMM_API int symm_dispatch_kind(const SymmLayout* layout, int num_tokens, int mode, int min_tokens_env,
-                                int32_t* min_tokens_out);
-
 // Combine of the last dispatch. expert_out: BF16 [out_rows, H] in pool row order; topk_w: FP32
 // [num_tokens, K] or null (no weight multiply); y: BF16 [num_tokens, H].
 SYMM_API int symm_combine(const SymmLayout* layout, const uint64_t* peers, const void* expert_out, int64_t out_rows,

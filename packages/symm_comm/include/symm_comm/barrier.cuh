@@ -90,10 +90,8 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 // bar.sync, as in cooperative groups' grid sync, where one thread fences after __syncthreads). The
 // waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before its
 // arrival visible: the metadata s pushed here and the staging it will read from.
-// all_fence: every thread also runs fence.acq_rel.sys first (the contract before 2026-11-30: not needed
-// by the model; measured 2.5-3.6 us per CTA at 1 and 128 tokens even in CTAs that stored only locally:
-// 2112 warps' MEMBAR.SYS, per-CTA stamps; kept as a knob, SYMM_BARRIER_FENCE=1).
-// wait is uniform over the CTA (a CTA that only arrives skips the trailing bar.sync too).
+// (No per-thread fence.acq_rel.sys before the arrival: not needed by the model; measured 2.5-3.6 us per
+// CTA at 1 and 128 tokens even in CTAs that stored only locally: 2112 warps' MEMBAR.SYS, per-CTA stamps.)
 // All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
 // what = the rank waited for). arrive = false in any thread (its part of phase A failed, error
 // reported): the CTA neither arrives nor waits, so the peers time out instead of reading incomplete
@@ -101,36 +99,15 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 __device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
                                                          const SymmLayout& L, int op, uint64_t epoch,
                                                          uint64_t deadline, const ErrSink& err, int phase,
-                                                         bool arrive = true, bool wait = true,
-                                                         bool all_fence = false) {
-  if (all_fence) ptx::fence_acq_rel_sys();
+                                                         bool arrive = true) {
   if (!__syncthreads_and(arrive)) return false;
   const int r = threadIdx.x;
   if (r < L.num_ranks) {
     const uint64_t inc = blockIdx.x == 0 ? ((uint64_t)1 << 32) - (uint64_t)(gridDim.x - 1) : (uint64_t)1;
     ptx::red_add_release_sys_u64(signals(peers[r], L, op) + L.rank, inc);
   }
-  // wait = false (push dispatch's completion barrier, CTAs other than 0): arrive only. The call
-  // returns true and the CTA does not observe the peers' arrivals (the caller must not need them).
-  if (!wait) return true;
   const bool ok = rank_wait(local_base, L, op, epoch << 32, r, deadline, err, phase, /*detail = epochs*/ 32);
   return __syncthreads_and(ok) != 0;
-}
-
-// ---- the done row in calls that do not push (dispatch, SYMM_SIG_DISPATCH_DONE) ----------------------
-// A push call's completion wait is "signals[done][s] >= epoch << 32" (cta_rank_barrier_counted), which
-// needs the row to grow by exactly 2^32 in EVERY dispatch call of s, whatever its mode. A call that
-// does not push adds the whole 2^32 at once: thread r < R of CTA 0 does ONE red.relaxed.sys into rank r
-// (nothing is published through it: no fence). Why the count stays right across mode switches:
-// contributions are >= 0, every completed call of s adds exactly 2^32 (push: 2^32 - (n - 1) + (n - 1)
-// x 1; pull: 2^32), a call in progress adds < 2^32, and s's call e + 1 starts only after its call e
-// completed (stream order, every red of call e issued). So "word >= e << 32" at r holds iff every
-// arrival of s's calls <= e is in, as with push-only calls (CPU model: tests/symm_comm/test_push_auto.py).
-// Called by every CTA (only CTA 0 acts), once per call, on the non-push path after the one-hop barrier
-// succeeded (a failed barrier needs resync(), which resets the row).
-__device__ __forceinline__ void rank_arrive_whole(const uint64_t* peers, const SymmLayout& L, int op) {
-  if (blockIdx.x == 0 && (int)threadIdx.x < L.num_ranks)
-    ptx::red_add_relaxed_sys_u64(signals(peers[threadIdx.x], L, op) + L.rank, (uint64_t)1 << 32);
 }
 
 // ---- start of a standalone kernel: peers, this call's epoch, its time limit and error sink ---------

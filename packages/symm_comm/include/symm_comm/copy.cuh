@@ -1,9 +1,7 @@
 // symm_comm/copy.cuh — warp-wide row copies with 16-byte vectors, many vectors in flight per lane,
 // and a grid-wide byte copy. Load policy of the row copy (template parameter):
 //   Load::kCoherent     ld.relaxed.sys (data a peer wrote, or peer memory) — never ld.global.nc;
-//   Load::kLocalNc      ld.global.nc (local data written by an EARLIER kernel);
-//   Load::kLocalOrdered ld.relaxed.gpu (local read-only data whose batch of loads must all issue before
-//                       the batch's stores: with .nc ptxas interleaved them, ptx.cuh ld_v4_local_ordered).
+//   Load::kLocalNc      ld.global.nc (local data written by an EARLIER kernel).
 #pragma once
 #include <stdint.h>
 #include "symm_comm/ptx.cuh"
@@ -11,12 +9,11 @@
 #if defined(__CUDACC__)
 namespace symm {
 
-enum class Load { kCoherent, kLocalNc, kLocalOrdered };
+enum class Load { kCoherent, kLocalNc };
 
 template <Load kLoad>
 __device__ __forceinline__ int4 ld_v4(const int4* p) {
   if constexpr (kLoad == Load::kCoherent) return ptx::ld_v4_coherent(p);
-  else if constexpr (kLoad == Load::kLocalOrdered) return ptx::ld_v4_local_ordered(p);
   else return ptx::ld_v4_local(p);
 }
 

@@ -1,8 +1,9 @@
-// symm_comm/errors.cuh — device error word. The first error of a call wins (CAS on the buffer's
-// state word) and is mirrored to mapped host memory (plain volatile stores, no host atomics), so the
-// host can read it without a device sync. Kernels set it and RETURN; nothing traps.
+// symm_comm/errors.cuh — symm_comm's error codes and phases for the common error sink
+// (moe_common/errors.cuh: first error wins, mirrored to mapped host memory; kernels set it and
+// RETURN, nothing traps). The sink lives in the buffer's state words.
 #pragma once
 #include <stdint.h>
+#include "moe_common/errors.cuh"
 #include "symm_comm/ptx.cuh"
 
 // Device error codes (word 0).
@@ -25,7 +26,7 @@
 // 6: retired (combine has no grid barrier any more); kept free so the other numbers stay stable.
 #define SYMM_PHASE_COMBINE_RANKS 7     // combine start: a peer has not finished its previous combine yet
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
-#define SYMM_PHASE_DISPATCH_PUSH_DONE 9  // push dispatch end: a peer has not finished storing into this rank
+// 9: retired (the push dispatch's completion barrier, removed in layout v10); kept free.
 #define SYMM_PHASE_COMBINE_PULL 10     // pull combine: waiting for the owners' start signals / reading their rows
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
@@ -35,34 +36,14 @@
 //   BAD_EXPERT: what = token * K + k, detail = the id. POOL_OVERFLOW: what = rows needed, detail = P.
 #define SYMM_ERR_WORDS 8
 
+#ifdef __cplusplus
+static_assert(SYMM_ERR_WORDS == moe::kErrWords, "the common sink's record");
+#endif
+
 #if defined(__CUDACC__)
 namespace symm {
-
-struct ErrSink {
-  int32_t* dev;   // SYMM_ERR_WORDS words in the buffer's local state
-  int32_t* host;  // mapped host mirror (may be null)
-  int32_t rank;
-  uint32_t epoch;
-};
-
-__device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {
-  if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) != 0) return;  // first error wins
-  s.dev[1] = s.rank;
-  s.dev[2] = phase;
-  s.dev[3] = what;
-  s.dev[4] = detail;
-  s.dev[5] = (int32_t)s.epoch;
-  if (s.host) {
-    ptx::st_volatile_s32(s.host + 1, s.rank);
-    ptx::st_volatile_s32(s.host + 2, phase);
-    ptx::st_volatile_s32(s.host + 3, what);
-    ptx::st_volatile_s32(s.host + 4, detail);
-    ptx::st_volatile_s32(s.host + 5, (int32_t)s.epoch);
-    ptx::fence_acq_rel_sys();
-    ptx::st_volatile_s32(s.host + 0, code);
-    ptx::fence_acq_rel_sys();
-  }
-}
-
+// The one error sink (moe_common/errors.cuh); symm_comm's codes and phases are the numbers above.
+using moe::ErrSink;
+using moe::report_error;
 }  // namespace symm
 #endif

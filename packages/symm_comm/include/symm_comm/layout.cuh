@@ -6,19 +6,12 @@
 // Regions, in order (each aligned to SYMM_REGION_ALIGN bytes):
 //   signals      u64 [SYMM_NUM_SIGNALS][R]      written by PEERS: [dispatch][s] += 2^32 per call of s (one
 //                                               red.release.sys per CTA of s, see barrier.cuh);
-//                                               [combine][s] = epoch s started (st.release.sys);
-//                                               [dispatch_done][s] += 2^32 per dispatch call of s (EVERY mode
-//                                               since v6): push calls after s finished storing into this rank
-//                                               (counted like [dispatch]), pull calls by one relaxed red of
-//                                               CTA 0 (nothing to publish; keeps the row == epoch << 32)
+//                                               [combine][s] = epoch s started (combine_signal; push combine
+//                                               st.release.sys, pull combine red.max.sys)
 //   state        SYMM_STATE_BYTES               local: epochs, end-of-kernel counters, pull work counters,
 //                                               error word
 //   meta_count   i32 [2][L][R]                  written by PEERS in dispatch phase A (parity = epoch & 1)
 //   meta_slots   i32 [2][L][R][T]               (token * K + k) per slot, written by PEERS (pull mode)
-//   meta_all     i32 [2][E + 1][R]              push / auto mode: [e][s] count of (expert e, source s), written
-//                                               by EVERY source into EVERY rank in phase A (parity = epoch & 1);
-//                                               row [E][s] = num_tokens of source s in this call (the auto
-//                                               mode's decision input, dispatch.cuh decide_push)
 //   meta_map     i32 [2][R][T * K]              written by PEERS with meta_slots (pull dedup, v7): for source
 //                                               s's id i = token * K + k routed to this rank, the token's
 //                                               LEADER here (its lowest such k) holds the mask of the token's
@@ -31,15 +24,13 @@
 //   meta_scan    i32 [G_max][E]                 local: dispatch phase A, per-CTA expert counts of its own
 //                                               token range, then their exclusive prefix over CTAs
 //                                               (G_max = SYMM_META_MAX_GROUPS; metadata.cuh)
-//   push_slot    i32 [T * K]                    local, push mode: slot of this rank's (token, k) at its expert
-//                                               (phase A), < 0 never read (only valid ids are read)
+//   id_slot      i32 [T * K]                    local: slot of this rank's (token, k) at its expert, written by
+//                                               the one-pass metadata walk for K not dividing 32 (the input of
+//                                               its sends, metadata.cuh meta_walk); only valid ids are read
 //   cmb_map      i32 [T * K]                    pull combine (v8, only when cmb_in_rows > 0): where this rank's
 //                                               (token, k) row sits at its owner, row * R + owner; written by
-//                                               the OWNER in dispatch phase B (pull: a peer store per pool row;
-//                                               push: by this rank itself), -1 from phase A (stage_inputs)
-//   push_hist    i32 [2][2][R][C]               local, push mode: [parity][0][d][c] rows of (owner d, token
-//                                               chunk c) counted in phase A; [parity][1][d][c] combine bucket
-//                                               slots handed out in phase B; call e zeroes [e & 1 ^ 1]
+//                                               the OWNER in dispatch phase B (a peer store per pool row), -1
+//                                               from phase A (stage_inputs)
 //   cmb_hist     i32 [R][C]                     local: pool rows of (source s, token chunk c) of the last
 //                                               dispatch (C = num_chunks, chunk = combine_chunk tokens)
 //   cmb_order    i32 [R][C][chunk * K]          local: those pool rows (bucket (s, c) holds <= chunk * K)
@@ -65,16 +56,17 @@
 #include <stdint.h>
 #include "moe_common/constants.cuh"
 
-#define SYMM_LAYOUT_VERSION 9  // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
+#define SYMM_LAYOUT_VERSION 10 // 4: state word SYMM_STATE_PULL_CTR; 5: push dispatch (meta_all, push_*, signal row 2);
                                // 6: meta_all row E = num_tokens per source, done row counted in every call;
                                // 7: meta_map (the pull reads a token's row once per owner), meta_count unclamped
                                // 8: cmb_map + cmb_in (the pull combine), combine signals = epoch * 2 + pull
                                // 9: combine signals = epoch * 4 + 2 * zeroed + pull (combine_signal)
+                               // 10: push / auto dispatch removed: no meta_all, push_hist, done signal row;
+                               //     push_slot renamed id_slot; no mode stamp
 #define SYMM_NUM_OPS 2      // 0 = dispatch, 1 = combine
 #define SYMM_OP_DISPATCH 0
 #define SYMM_OP_COMBINE 1
-#define SYMM_NUM_SIGNALS 3  // signal rows: the ops, then SYMM_SIG_DISPATCH_DONE
-#define SYMM_SIG_DISPATCH_DONE 2  // "source s finished dispatch call e" (counted; push: done storing into this rank)
+#define SYMM_NUM_SIGNALS 2  // signal rows: one per op
 #define SYMM_REGION_ALIGN 1024
 #define SYMM_STATE_BYTES 256
 #define SYMM_MAX_TOPK 32    // kmask is a u32
@@ -88,14 +80,7 @@
                                   // other zeroed by that call (CTA 0, at its start; pool.cuh, csrc/dispatch.cu)
 #define SYMM_STATE_ERR 128        // i32 [8]: code, rank, phase, what, detail, epoch_lo, 0, 0
 #define SYMM_STATE_STAMPS 160     // u64 [12]: %globaltimer per stage of the last call (diagnostics, CTA 0 +
-                                  // last CTA out): [0..5] dispatch, [6..9] combine, [10] dispatch push: CTA 0
-                                  // done storing; [11] dispatch mode of the last call (NOT a time:
-                                  // SYMM_MODE_STAMP_* bits, csrc/dispatch.cu); see csrc/*.cu
-// Stamp [11] (written by CTA 0 of every dispatch): SYMM_MODE_STAMP_SET | kernel kind << 4 | pushed.
-#define SYMM_MODE_STAMP_SET 0x100
-#define SYMM_KIND_PULL 0  // the pull-only kernel (SYMM_DISPATCH_PUSH=0, push impossible, or max_tokens < threshold)
-#define SYMM_KIND_PUSH 1  // the push-only kernel (SYMM_DISPATCH_PUSH=1, or auto with this rank's T >= threshold)
-#define SYMM_KIND_AUTO 2  // phase A for both modes, decided after the one-hop barrier from every rank's T
+                                  // last CTA out): [0..5] dispatch, [6..9] combine, [10..11] unused; see csrc/*.cu
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,9 +110,7 @@ typedef struct SymmLayout {
   int64_t off_pool_s;
   int64_t off_pool_w;
   int64_t off_combine;
-  int64_t off_meta_all;
-  int64_t off_push_slot;
-  int64_t off_push_hist;
+  int64_t off_id_slot;
   int64_t off_meta_map;
   int64_t meta_count_half;  // bytes of one parity half
   int64_t meta_slots_half;
@@ -136,7 +119,6 @@ typedef struct SymmLayout {
   int64_t stage_w_half;
   int64_t combine_half;
   int64_t cmb_arr_half;
-  int64_t meta_all_half;
   int64_t meta_map_half;
   int64_t off_cmb_map;
   int64_t off_cmb_in;
@@ -224,7 +206,6 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   L->stage_w_half = symm_align_up(T * K * 4, 16);
   L->combine_half = symm_align_up(K * T * H * 2, 16);
   L->cmb_arr_half = symm_align_up(T * 4, 16);
-  L->meta_all_half = symm_align_up((E + 1) * R * 4, 16);  // + row E: num_tokens per source
   L->meta_map_half = symm_align_up(R * T * K * 4, 16);
   // Combine chunk: 16 tokens, doubled until the combine kernel's shared tables fit 32 KiB.
   int64_t chunk = 16;
@@ -240,16 +221,14 @@ SYMM_LAYOUT_HD int symm_layout_compute(SymmLayout* L, int num_ranks, int rank, i
   SYMM_REGION(off_state, SYMM_STATE_BYTES)
   SYMM_REGION(off_meta_count, 2 * L->meta_count_half)
   SYMM_REGION(off_meta_slots, 2 * L->meta_slots_half)
-  SYMM_REGION(off_meta_all, 2 * L->meta_all_half)
   SYMM_REGION(off_meta_map, 2 * L->meta_map_half)
   SYMM_REGION(off_stage_x, 2 * L->stage_x_half)
   SYMM_REGION(off_stage_s, 2 * L->stage_s_half)
   SYMM_REGION(off_stage_w, 2 * L->stage_w_half)
   SYMM_REGION(off_kmask, T * 4)
   SYMM_REGION(off_meta_scan, (int64_t)SYMM_META_MAX_GROUPS * E * 4)
-  SYMM_REGION(off_push_slot, T * K * 4)
+  SYMM_REGION(off_id_slot, T * K * 4)
   SYMM_REGION(off_cmb_map, in_rows > 0 ? T * K * 4 : 0)
-  SYMM_REGION(off_push_hist, 4 * R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_hist, R * L->num_chunks * 4)
   SYMM_REGION(off_cmb_order, R * L->num_chunks * chunk * K * 4)
   SYMM_REGION(off_cmb_arr, 2 * L->cmb_arr_half)
@@ -323,17 +302,9 @@ __host__ __device__ __forceinline__ uint16_t* combine_row(uint64_t base, const S
 __host__ __device__ __forceinline__ int32_t* meta_map(uint64_t base, const SymmLayout& L, int parity, int src) {
   return at<int32_t>(base, L.off_meta_map + parity * L.meta_map_half) + (int64_t)src * L.max_tokens * L.topk;
 }
-// meta_all[parity][e][s] (push / auto mode); [parity][E][s] = num_tokens of source s
-__host__ __device__ __forceinline__ int32_t* meta_all(uint64_t base, const SymmLayout& L, int parity) {
-  return at<int32_t>(base, L.off_meta_all + parity * L.meta_all_half);
-}
-// push_slot[token * K + k] (push mode, local)
-__host__ __device__ __forceinline__ int32_t* push_slot(uint64_t base, const SymmLayout& L) {
-  return at<int32_t>(base, L.off_push_slot);
-}
-// push_hist[parity][which][d][c] (push mode, local): which 0 = rows counted in phase A, 1 = slots handed out
-__host__ __device__ __forceinline__ int32_t* push_hist(uint64_t base, const SymmLayout& L, int parity, int which) {
-  return at<int32_t>(base, L.off_push_hist) + (int64_t)(2 * parity + which) * L.num_ranks * L.num_chunks;
+// id_slot[token * K + k] (local: the one-pass metadata walk's slot of each id)
+__host__ __device__ __forceinline__ int32_t* id_slot(uint64_t base, const SymmLayout& L) {
+  return at<int32_t>(base, L.off_id_slot);
 }
 // cmb_hist[s][c]
 __host__ __device__ __forceinline__ int32_t* cmb_hist(uint64_t base, const SymmLayout& L) {

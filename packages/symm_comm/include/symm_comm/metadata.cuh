@@ -6,14 +6,10 @@
 //   push_metadata_warp    (N = T * K <= kMetaWarpMaxIds): one warp per expert, one pass over all ids;
 //   push_metadata_onepass (larger N): one warp per group, one pass over the group's OWN token range,
 //                         a cross-group prefix per expert through the meta_scan region (the default);
-//   push_metadata         (larger N, SYMM_META_ONEPASS=0): the older two-pass scan of ALL ids per expert
-//                         (kept for A/B measurements and as a fallback).
-// Auto mode (DispatchArgs::push == 2): both of the below (pull's slots to the owner AND push's local map
-// + counts to every rank), the mode is decided after the barrier.
-// Push mode (DispatchArgs::push == 1): the slots are NOT sent to the owner; instead each
-// id's slot is kept locally (push_slot[token * K + k], the inverse map), and every expert's count is
-// also written into EVERY rank's meta_all[parity][e][source] (all ranks then know every owner's pool
-// layout: dispatch.cuh, build_push_tables). meta_count (the owner's own tables) is written as before.
+//   push_metadata         (larger N, when one count per expert does not fit shared memory: E > 40960,
+//                         csrc/dispatch.cu kMaxMetaSmem): the older two-pass scan of ALL ids per expert.
+// (The push / auto dispatch kinds, which also kept a local slot map and sent every count to every
+// rank, were removed in layout v10: measured slower than the dedup pull, docs/perf-notes-symm_comm.md.)
 #pragma once
 #include <stdint.h>
 #include "symm_comm/barrier.cuh"
@@ -36,25 +32,9 @@ struct DispatchArgs {
   int32_t num_tokens;    // T of this rank, <= L.max_tokens
   int32_t masked;        // 0 contiguous, 1 masked pool layout
   int32_t parity;        // epoch & 1
-  int32_t push;          // phase A kind (a compile-time constant inside the kernel, SYMM_KIND_*): 0 pull only
-                         // (slots to the owners), 1 push only (slots kept locally, counts to every rank),
-                         // 2 auto: both (the mode is decided after the one-hop barrier, dispatch.cuh)
   int32_t small_dedup;   // small T (push_metadata_warp): send the dedup encoding (K dividing 32) instead of
-                         // plain ids (env SYMM_SMALL_DEDUP; either is decoded by both pull kernels)
+                         // plain ids (either is decoded by both pull kernels)
 };
-// Phase A writes the pull's metadata (meta_slots at the owners) / the push's (push_slot, meta_all).
-__device__ __forceinline__ bool sends_slots(const DispatchArgs& a) { return a.push != 1; }
-__device__ __forceinline__ bool keeps_slots(const DispatchArgs& a) { return a.push != 0; }
-
-// Publishes expert e's count of this source (total: raw) into every rank's meta_all[parity][e][rank],
-// clamped to max_tokens, in push / auto mode (a.push != 0; the owner's meta_count is the caller's);
-// threads i0, i0 + step, ... of the caller's group take the ranks.
-__device__ __forceinline__ void push_count_all(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
-                                               int e, int32_t total, int i0, int step) {
-  if (!a.push) return;
-  const int32_t count = total < L.max_tokens ? total : L.max_tokens;
-  for (int r = i0; r < L.num_ranks; r += step) meta_all(peers[r], L, a.parity)[e * L.num_ranks + L.rank] = count;
-}
 
 template <typename IdxT>
 __device__ __forceinline__ int64_t load_idx(const void* p, int64_t i) {
@@ -83,7 +63,7 @@ __device__ __forceinline__ int32_t checked_count(const SymmLayout& L, int e, int
 // Every entry the owner reads was written in this call: the leader reads meta_map only at the ks of
 // its mask, and the mask, like the entries, comes from this call's ids. The one-pass metadata
 // (T * K > kMetaWarpMaxIds) sends this; the small-T path sends plain ids (every row pulls itself)
-// unless DispatchArgs::small_dedup (env SYMM_SMALL_DEDUP, default 1; K dividing 32: owner masks by a lane match
+// unless DispatchArgs::small_dedup (default 1; K dividing 32: owner masks by a lane match
 // over the ids in shared memory). Measured earlier at 128 tokens: dedup moved 4x fewer link bytes in
 // the same time while the metadata's serialised loads held the critical path (perf notes).
 constexpr int32_t kSlotFanOut = 1 << 30;  // ids < 2^30 (symm_layout_compute)
@@ -173,17 +153,14 @@ __device__ __forceinline__ uint32_t match_ids(const void* topk_idx, int64_t base
 // Writes the slots of expert e's ids in [beg, end), in row-major order from slot `run` on (a warp
 // walks 32 * U ids per step; the running ballot count is the slot); returns run + their number.
 // Slots at or past L.max_tokens are not written (the caller reports the overflow via checked_count).
-// send: the slots go to the owner as plain ids (pull / auto; no dedup here, kSlotFanOut); my_slots
-// non-null (push / auto): my_slots[id] = slot for every match.
+// The slots go to the owner as plain ids (no dedup here, kSlotFanOut).
 template <int U, typename IdxT>
 __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64_t* peers, const DispatchArgs& a,
-                                               int64_t beg, int64_t end, int e, int lane, int32_t run, bool send,
-                                               int32_t* my_slots = nullptr) {
+                                               int64_t beg, int64_t end, int e, int lane, int32_t run) {
   static_assert(U <= 32, "the batch's matches are packed into one 32-bit word");
   const void* topk_idx = a.topk_idx;
   const uint32_t lt = (1u << lane) - 1u;
-  int32_t* slots = send ? meta_slots(peers[e / L.num_local_experts], L, a.parity, e % L.num_local_experts, L.rank)
-                        : nullptr;
+  int32_t* slots = meta_slots(peers[e / L.num_local_experts], L, a.parity, e % L.num_local_experts, L.rank);
 #pragma unroll 1
   for (int64_t base = beg; base < end; base += 32 * U) {
     const uint32_t bits = match_ids<U, IdxT>(topk_idx, base, end, e, lane);  // the U loads in flight together
@@ -194,17 +171,16 @@ __device__ __forceinline__ int32_t write_slots(const SymmLayout& L, const uint64
       const uint32_t b = __ballot_sync(0xffffffffu, mu);
       const int32_t slot = run + __popc(b & lt);
       // plain ids (write_slots serves the two-pass fallback only; no kSlotFanOut there)
-      if (mu && slots && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
-      if (mu && my_slots) my_slots[base + u * 32 + lane] = slot;
+      if (mu && slot < L.max_tokens) slots[slot] = (int32_t)(base + u * 32 + lane);
       run += __popc(b);
     }
   }
   return run;
 }
 
-// Two-pass metadata push (SYMM_META_ONEPASS=0). Group g handles global experts e = g, g + ngroups,
-// ...: a two-pass ballot scan over the flattened [T * K] ids (warp w owns a contiguous chunk) gives
-// every match its slot in row-major order. Reads all T * K ids twice per expert: 134 MB of L2 reads at
+// Two-pass metadata push (the fallback when the one-pass counts do not fit shared memory). Group g
+// handles global experts e = g, g + ngroups, ...: a two-pass ballot scan over the flattened [T * K]
+// ids (warp w owns a contiguous chunk) gives every match its slot in row-major order. Reads all T * K ids twice per expert: 134 MB of L2 reads at
 // T 4096, E 256 (int64 ids), the reason for push_metadata_onepass.
 // scratch: >= nwarps + 1 ints of shared memory private to the group.
 template <typename IdxT>
@@ -237,11 +213,9 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
     }
     W.sync();
     // pass 2: slots (peer stores)
-    int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
     const int32_t total = scratch[W.nwarps];
-    if (cnt > 0) write_slots<U, IdxT>(L, peers, a, beg, end, e, W.lane, scratch[W.warp], sends_slots(a), my_slots);
+    if (cnt > 0) write_slots<U, IdxT>(L, peers, a, beg, end, e, W.lane, scratch[W.warp]);
     if (W.tid() == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = checked_count(L, e, total, err);
-    push_count_all(L, peers, a, e, total, W.tid(), W.nthreads());
     W.sync();  // scratch reuse
   }
 }
@@ -259,21 +233,20 @@ constexpr int64_t kMetaWarpMaxIds = 2048;
 // With small_dedup: the owners' plain pull kernel (which ignores the fan-out) runs up to this many ids
 // of their own (csrc/dispatch.cu), and sources with no more ids than this send plain ids.
 constexpr int64_t kPlainPullMaxIds = 256;
-// spread (default; SYMM_META_SPREAD=0 for A/B): experts go to warps CTA-major (expert e -> group
+// Experts go to warps CTA-major (expert e -> group
 // e % ngroups, warp e / ngroups), 1-2 per SM at 256 experts on 132 CTAs, instead of 16 per CTA in the
 // first 16 CTAs. Why: all 16 warps of a metadata CTA scan every id in lock step, so that SM's issue
 // slots, not one warp's latency, set the scan's ~4.5 us at 128 tokens (the scan did not shrink with
 // 4 ids per lane, a warm instruction cache or local stores: perf notes). Measured: 128-token dispatch
-// -0.8 us against SYMM_META_SPREAD=0 (2 x H200, same lease).
+// -0.8 us against the packed order (experts on the first CTAs' warps; 2 x H200, same lease).
 template <typename IdxT>
 __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                                   const DispatchArgs& a, int32_t* ids, const ErrSink& err,
-                                                   bool spread = true) {
+                                                   const DispatchArgs& a, int32_t* ids, const ErrSink& err) {
   const int N = a.num_tokens * L.topk;  // <= kMetaWarpMaxIds
   const int E = L.num_experts, Lx = L.num_local_experts;
   // This warp's first expert; group-uniform exit when the group has none.
-  const int64_t first = spread ? (int64_t)W.warp * W.ngroups + W.group : W.gwarp();
-  if (spread ? W.group >= E : (int64_t)W.group * W.nwarps >= E) return;
+  const int64_t first = (int64_t)W.warp * W.ngroups + W.group;
+  if (W.group >= E) return;
 #pragma unroll 4
   for (int i = W.tid(); i < N; i += W.nthreads()) {
     const int64_t e = load_idx<IdxT>(a.topk_idx, i);
@@ -282,12 +255,11 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
   W.sync();
   const uint32_t lt = (1u << W.lane) - 1u;
   const int K = L.topk;
-  const bool dedup = a.small_dedup && sends_slots(a) && (32 % K) == 0 && N > kPlainPullMaxIds;
+  const bool dedup = a.small_dedup && (32 % K) == 0 && N > kPlainPullMaxIds;
   const LaneTokens lt_tok(K, W.lane);  // used when dedup (K divides 32)
   for (int64_t ew = first; ew < E; ew += W.total_warps()) {
     const int e = (int)ew, owner = e / Lx, le = e % Lx;
-    int32_t* my_slots = keeps_slots(a) ? push_slot(peers[L.rank], L) : nullptr;
-    int32_t* slots = sends_slots(a) ? meta_slots(peers[owner], L, a.parity, le, L.rank) : nullptr;
+    int32_t* slots = meta_slots(peers[owner], L, a.parity, le, L.rank);
     int32_t run = 0;
 #pragma unroll 4
     for (int base = 0; base < N; base += 32) {
@@ -302,14 +274,12 @@ __device__ __forceinline__ void push_metadata_warp(const Workers& W, const SymmL
         // owner mask is one lane match on (token-in-step, owner), as in meta_walk.
         const uint32_t km = lt_tok.owner_mask(ei, Lx, W.lane);
         if (m && slot < L.max_tokens) store_slot_entry(L, peers, a, e, i, lt_tok.kl, km, slot);
-      } else if (m && slots && slot < L.max_tokens) {
+      } else if (m && slot < L.max_tokens) {
         slots[slot] = i;
       }
-      if (m && my_slots) my_slots[i] = slot;
       run += __popc(b);
     }
     if (W.lane == 0) meta_count(peers[owner], L, a.parity)[le * L.num_ranks + L.rank] = checked_count(L, e, run, err);
-    push_count_all(L, peers, a, e, run, W.lane, 32);
   }
 }
 
@@ -345,7 +315,7 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
   // 32), lane l holding k = l % K of token-in-step l / K, so a token's owner mask is one __match_any_sync
   // on (token-in-step, owner): no id loads, no division, sent from inside the walk. Other K: the rolled
   // send loop below (owner_kmask's loads).
-  const bool lane_tokens = kSlots && sends_slots(a) && (32 % K) == 0;
+  const bool lane_tokens = kSlots && (32 % K) == 0;
   const LaneTokens lt_tok(K, lane);  // used when lane_tokens
   for (int64_t base = beg; base < end; base += 32 * kMetaWalkBatch) {
     int32_t ev[kMetaWalkBatch];
@@ -371,22 +341,21 @@ __device__ __forceinline__ void meta_walk(const SymmLayout& L, const uint64_t* p
       if (lane_tokens) {
         const uint32_t km = lt_tok.owner_mask(e, Lx, lane);  // my token's ks with my owner
         if (e >= 0 && slot < L.max_tokens) store_slot_entry(L, peers, a, e, base + u * 32 + lane, lt_tok.kl, km, slot);
-        if (e >= 0 && keeps_slots(a)) push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
       } else if (kSlots && e >= 0) {
-        // local inverse map (the push's; here also the input of the sends below)
-        push_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
+        // local slot map: the input of the sends below
+        id_slot(peers[L.rank], L)[base + u * 32 + lane] = slot;
       }
     }
     // The sends for other K, NOT unrolled (inlined in each unrolled step, send_slot made the kernel 3x
-    // larger and phase A 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from push_slot
+    // larger and phase A 5x slower, perf notes "Pull dedup"): id reloaded (L1), slot from id_slot
     // (this thread's own store above).
-    if (kSlots && sends_slots(a) && !lane_tokens) {
+    if (kSlots && !lane_tokens) {
 #pragma unroll 1
       for (int u = 0; u < kMetaWalkBatch; ++u) {
         const int64_t i = base + u * 32 + lane;
         const int64_t e = i < end ? load_idx<IdxT>(a.topk_idx, i) : -1;
         if (e < 0 || e >= E) continue;
-        const int32_t slot = push_slot(peers[L.rank], L)[i];
+        const int32_t slot = id_slot(peers[L.rank], L)[i];
         if (slot < L.max_tokens) send_slot<IdxT>(L, peers, a, (int)e, i, slot);
       }
     }
@@ -444,7 +413,6 @@ __device__ __forceinline__ bool push_metadata_onepass(const Workers& W, const Sy
   for (int e = g; e < E; e += G) {
     const int32_t total = meta_column_scan(scan + e, E, G, lane);
     if (lane == 0) meta_count(peers[e / Lx], L, a.parity)[(e % Lx) * L.num_ranks + L.rank] = checked_count(L, e, total, err);
-    push_count_all(L, peers, a, e, total, lane, 32);
   }
   // 4.
   if (!warp_grid_barrier_gpu(bar, g == 0, (uint32_t)G, lane, deadline, err, SYMM_PHASE_DISPATCH_GRID)) return false;

@@ -118,13 +118,11 @@ __device__ __forceinline__ int find_segment(const int32_t* arr, int n, int32_t j
 // Builds the tables. counts: [L][R] rows (global memory; read coherently, a peer may have written
 // it; raw totals, clamped here to max_tokens, kNoDedup set if any was above). Segment starts: masked
 // le * max_m; contiguous the block_m-aligned prefix. All threads of the group call it.
-// kOverflowFlag = false (a caller that never pulls: the push kernel): kNoDedup is not computed.
-template <bool kOverflowFlag = true>
 __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLayout& L, const PoolTables& t,
                                                   const int32_t* counts, bool masked) {
   const int Lx = L.num_local_experts, R = L.num_ranks, T = L.max_tokens;
   if (W.tid() == 0) {  // set below, after a sync
-    if (kOverflowFlag) t.scratch[PoolTables::kNoDedup] = 0;
+    t.scratch[PoolTables::kNoDedup] = 0;
     t.scratch[PoolTables::kMaskedOverflow] = Lx;
   }
   // The counts are read from global memory once: a count above T is kept as T + 1 in shared memory
@@ -134,7 +132,7 @@ __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLa
 #pragma unroll 1
   for (int i = W.tid(); i < Lx * R; i += W.nthreads()) {
     int32_t c = ptx::ld_relaxed_sys_s32(counts + i);
-    t.cnt[i] = c < 0 ? 0 : (c > T ? (kOverflowFlag ? T + 1 : T) : c);
+    t.cnt[i] = c < 0 ? 0 : (c > T ? T + 1 : c);
   }
   W.sync();
 #pragma unroll 1
@@ -144,7 +142,7 @@ __device__ __forceinline__ void build_pool_tables(const Workers& W, const SymmLa
 #pragma unroll 1
     for (int s = 0; s < R; ++s) {
       int32_t v = t.cnt[le * R + s];
-      if (kOverflowFlag && v > T) {  // only this thread touches entries le * R + s until the next sync
+      if (v > T) {  // only this thread touches entries le * R + s until the next sync
         over = true;
         v = T;
         t.cnt[le * R + s] = v;

@@ -8,7 +8,7 @@ from ._native import NativeLib
 
 c_i64, c_int, c_vp, c_u64 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64
 
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 ERR_WORDS = 8
 
 
@@ -20,8 +20,8 @@ class SymmLayout(ctypes.Structure):
         "off_stage_x", "off_stage_s", "off_stage_w", "off_kmask", "off_meta_scan", "off_cmb_hist", "off_cmb_order", "off_cmb_arr",
         "off_src_counts", "off_exp_counts",
         "off_exp_offsets", "off_arrivals", "off_row_src", "off_pool_x", "off_pool_s", "off_pool_w",
-        "off_combine", "off_meta_all", "off_push_slot", "off_push_hist", "off_meta_map", "meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half",
-        "stage_w_half", "combine_half", "cmb_arr_half", "meta_all_half", "meta_map_half", "off_cmb_map", "off_cmb_in",
+        "off_combine", "off_id_slot", "off_meta_map", "meta_count_half", "meta_slots_half", "stage_x_half", "stage_s_half",
+        "stage_w_half", "combine_half", "cmb_arr_half", "meta_map_half", "off_cmb_map", "off_cmb_in",
         "cmb_in_rows")] + [(n, ctypes.c_int32) for n in (
         "num_ranks", "rank", "num_experts", "num_local_experts", "hidden", "topk", "max_tokens",
         "block_m", "max_m", "scale_cols", "num_blocks", "combine_chunk", "num_chunks", "version")]
@@ -56,5 +56,5 @@ def check_abi() -> None:
     if n != ctypes.sizeof(SymmLayout):
         raise RuntimeError(f"symm_comm: SymmLayout size mismatch: library {n} bytes, Python mirror "
                            f"{ctypes.sizeof(SymmLayout)} bytes — rebuild libsymm_comm.so")
-    if lib.symm_abi_version() != 2:
+    if lib.symm_abi_version() != 3:
         raise RuntimeError("symm_comm: libsymm_comm.so ABI version mismatch — rebuild it")

@@ -29,11 +29,10 @@ CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
          5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows",
          7: "ranks disagree on the combine mode (every rank must pass buf.combine_input() as expert_out, or none)",
          8: "pull combine: a row has no valid owner row (the dispatch failed, or cmb_in_rows is below the pool rows used)"}
-PHASES = {1: "dispatch phase A (scan/push)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
+PHASES = {1: "dispatch phase A (scan, metadata to the owners)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
           4: "dispatch phase B (pool layout)", 5: "combine peer stores",
           7: "combine start (peers finishing their previous combine)",
           8: "combine reduce (row arrivals)",
-          9: "dispatch completion (peers storing their rows into this rank, push mode)",
           10: "pull combine (owners' start signals, their rows)"}
 
 

@@ -6,8 +6,8 @@ import ctypes
 
 from ._lib import LAYOUT_VERSION, LIB, SymmLayout, check_abi
 
-REGIONS = ("signals", "state", "meta_count", "meta_slots", "meta_all", "meta_map", "stage_x", "stage_s", "stage_w", "kmask", "meta_scan",
-           "push_slot", "cmb_map", "push_hist", "cmb_hist",
+REGIONS = ("signals", "state", "meta_count", "meta_slots", "meta_map", "stage_x", "stage_s", "stage_w", "kmask", "meta_scan",
+           "id_slot", "cmb_map", "cmb_hist",
            "cmb_order", "cmb_arr", "src_counts", "exp_counts", "exp_offsets", "arrivals", "row_src", "pool_x", "pool_s", "pool_w",
            "combine", "cmb_in")
 
