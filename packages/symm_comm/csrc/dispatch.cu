@@ -1,6 +1,6 @@
-// Standalone dispatch kernel: a thin composition of the device functions in symm_comm/dispatch.cuh
-// and symm_comm/metadata.cuh. One cooperative launch: stage + phase A push of metadata -> one-hop
-// cross-rank barrier -> phase B pull -> last CTA out publishes the epoch.
+// Standalone dispatch kernel: begin_call -> dispatch_run -> end_call (symm_comm/dispatch.cuh) over the
+// whole CTA. One cooperative launch: stage + phase A push of metadata -> one-hop cross-rank barrier ->
+// phase B pull -> last CTA out publishes the epoch.
 // (The push and auto dispatch kinds and their environment switches were removed in layout v10: the
 // dedup pull is faster at every measured size, docs/perf-notes-symm_comm.md.)
 #include <cuda_runtime.h>
@@ -27,73 +27,16 @@ constexpr int64_t kMaxMetaSmem = 160 * 1024;  // one-pass metadata counts (E int
 template <typename IdxT, bool kDedup>
 __global__ void __launch_bounds__(kThreads, 1)
     symm_dispatch_kernel(SymmLayout L, const uint64_t* peers_g, symm::DispatchArgs a, int32_t* host_err,
-                         uint64_t timeout_ns, int onepass) {
+                         uint64_t timeout_ns, int onepass, int64_t smem_ints) {
   using namespace symm;
   extern __shared__ int32_t smem[];
   __shared__ uint64_t s_peers[SYMM_MAX_RANKS];
   const Workers W = Workers::cta();
-  const CallStart call = begin_call(L, peers_g, s_peers, SYMM_OP_DISPATCH, host_err, timeout_ns);
-  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
-  const ErrSink& err = call.err;
-  a.parity = (int)(epoch & 1);
-  const PoolTables t = PoolTables::carve(smem, L);
-
-  const bool st0 = blockIdx.x == 0 && threadIdx.x == 0;  // stamps 0..4: CTA 0's view; 5: last CTA out
-  if (st0) stamp(local, L, 0);
-  // Pull work counters (pool.cuh, for_each_pool_row, counter mode): this call uses [parity]; CTA 0 zeroes
-  // [parity ^ 1] for the next call. Race-free: no CTA of this call touches [parity ^ 1]; the previous
-  // call (the last user of it) completed before this kernel started, and the next call (its next user)
-  // starts after this kernel completed (stream order: the epoch protocol already needs calls in stream
-  // order), so the plain store is visible to it. [parity] was zeroed by the previous call, or by
-  // symm_reset_state (creation / resync, both words) — also after a timed-out call.
-  if (st0) *pull_counter(local, L, a.parity ^ 1) = 0u;
-  // Phase A. Large T (the default): warp 0 of the first G CTAs pushes the metadata in one pass over
-  // its CTA's token range (its shared memory: the tables' space, built only after the barrier) while
-  // every other warp stages the inputs.
-  const bool small = (int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds;
-  const int G = (small || !onepass) ? 0 : (gridDim.x < SYMM_META_MAX_GROUPS ? (int)gridDim.x : SYMM_META_MAX_GROUPS);
-  bool meta_ok = true;
-  if (W.warp == 0 && (int)blockIdx.x < G) {
-    meta_ok = push_metadata_onepass<IdxT>(W, L, s_peers, local, a, G, smem, deadline, err);
-  } else {
-    const Stagers sg = Stagers::of(W, G);
-    clear_combine_buckets(sg, L, local);
-    stage_inputs<IdxT>(sg, L, local, a, err);
-  }
-  // smem: free until the tables (after the barrier)
-  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err);
-  else if (!onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
-
-  // One-hop cross-rank barrier (barrier.cuh): after it, every rank's metadata for us and staging
-  // (its own CTAs' included) is visible. No grid barrier: our own CTAs are counted like a peer's.
-  __syncthreads();  // stamp 1 = CTA 0's whole phase A (metadata warp and stagers)
-  if (st0) stamp(local, L, 1);
-  if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err,
-                               SYMM_PHASE_DISPATCH_RANKS, meta_ok)) {
-    if (st0) stamp(local, L, 2);
-    // Phase B
-    build_pool_tables(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
-    if (!check_capacity(W, L, t, a.masked != 0, err)) {
-      pad_blocks(W, L, local, t, /*aborted=*/true);  // keep arrivals == epoch * block_m
-    } else {
-      if (blockIdx.x == 0) publish_layout(W, L, local, t);
-      // The padding (every block's) from the grid's LAST warp down; in a small call those warps hold no
-      // pull item (the items sit on CTAs 0-63 at 128 tokens, and padding the used blocks cost the first
-      // CTAs ~3 us before their pull, per-CTA stamps; measured 2026-11-30: 1 token 21.95 -> 19.62 us).
-      // Any warp order is correct.
-      pad_blocks(W, L, local, t, false, /*from_last=*/true);
-      if (st0) stamp(local, L, 3);
-      // Rows from a work counter (pool.cuh for_each_pool_row; the static stride measured slower).
-      pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
-                                                                  pull_counter(local, L, a.parity));
-    }
-  }
+  const CallStart call = begin_call(W, L, peers_g, s_peers, SYMM_OP_DISPATCH, host_err, timeout_ns);
+  dispatch_run<IdxT, kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, call, a, smem, smem_ints,
+                                                                      onepass != 0);
   // Every exit path: the last CTA out publishes the epoch (barrier.cuh).
-  if (st0) stamp(local, L, 4);
-  __syncthreads();
-  if (threadIdx.x == 0 &&
-      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch))
-    stamp(local, L, 5);
+  if (end_call(W, call.local, L, SYMM_OP_DISPATCH, call.epoch)) stamp(call.local, L, 5);
 }
 
 __global__ void symm_reset_kernel(SymmLayout L, uint64_t local, uint64_t e_d, uint64_t e_c) {
@@ -143,12 +86,8 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   symm::DispatchArgs a{x, scales, topk_idx, topk_w, num_tokens, masked ? 1 : 0, 0, small_dedup};
   // The one-pass metadata scan for large T keeps one count per expert in shared memory; beyond
   // kMaxMetaSmem the older two-pass scan runs.
-  const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
-  const int onepass = meta * 4 <= kMaxMetaSmem;
-  // Shared memory: phase A's metadata (the one-pass counts, or the small-T ids) and phase B's tables
-  // use the same space one after the other.
-  int64_t ints = onepass && meta > tables ? meta : tables;
-  if (ints < symm::kMetaWarpMaxIds) ints = symm::kMetaWarpMaxIds;
+  const int onepass = symm_meta_smem_ints(&L) * 4 <= kMaxMetaSmem;
+  const int64_t ints = symm_dispatch_smem_ints(&L, onepass != 0);
   const size_t smem = (size_t)ints * 4;
   // The plain pull kernel when this rank's own ids are few (small T: the sources then send plain ids).
   const bool small_dedup_sent = small_dedup && L.topk > 0 && 32 % L.topk == 0;  // metadata.cuh push_metadata_warp
@@ -157,7 +96,7 @@ extern "C" int symm_dispatch(const SymmLayout* layout, const uint64_t* peers, co
   auto kernel = idx_bytes == 8 ? (plain ? symm_dispatch_kernel<int64_t, false> : symm_dispatch_kernel<int64_t, true>)
                                : (plain ? symm_dispatch_kernel<int32_t, false> : symm_dispatch_kernel<int32_t, true>);
   return symm_host::launch_coop(kernel, kThreads, smem, num_sms, stream, L, peers, a, host_err, (uint64_t)timeout_ns,
-                                onepass);
+                                onepass, ints);
 }
 
 extern "C" int symm_reset_state(const SymmLayout* layout, void* local_base, uint64_t dispatch_epoch,

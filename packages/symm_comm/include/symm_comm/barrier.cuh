@@ -1,7 +1,7 @@
 // symm_comm/barrier.cuh — grid barriers among a kernel's groups (atomic words with the bit-31 flip,
-// time limit) and the cross-rank barriers: combine's start signal (monotonic epochs stored with
-// st.release.sys) and dispatch's counted barrier (per-CTA red.release.sys, 2^32 per call), both
-// polled with ld.acquire.sys under a time limit. No word is ever reset between calls: they only grow
+// time limit), a call's start / end (begin_call, end_call), the ordering policy (Order) and the
+// cross-rank barriers: combine's start signal (monotonic epochs stored with st.release.sys /
+// red.max.sys) and dispatch's counted barrier (per-group red.release.sys, 2^32 per call), both polled with ld.acquire.sys under a time limit. No word is ever reset between calls: they only grow
 // (or flip bit 31 once per barrier), so a late reader can never see a value from a reset race. On a
 // timeout the functions report to the error word and return false; the caller returns from the kernel.
 #pragma once
@@ -10,11 +10,21 @@
 #include "symm_comm/layout.cuh"
 #include "symm_comm/peers.cuh"
 #include "symm_comm/ptx.cuh"
+#include "symm_comm/workers.cuh"
 
 #if defined(__CUDACC__)
 namespace symm {
 
 __device__ __forceinline__ bool timed_out(uint64_t deadline) { return ptx::globaltimer_ns() > deadline; }
+
+// Where a phase's inputs were written, i.e. what orders them before the phase (a compile-time policy:
+// the standalone kernels pick kKernelBoundary, a fused kernel kInKernel). Each use says what it changes.
+enum class Order {
+  kKernelBoundary,  // by an EARLIER launch on this stream: the kernel boundary publishes them (local data
+                    // may be read through the non-coherent path, a signal may be relaxed)
+  kInKernel,        // earlier in the SAME launch (other groups / roles of this kernel): coherent loads
+                    // after an acquire, every publication a release
+};
 
 // Grid barrier among the first n groups, run by ONE warp per group, for data local to this GPU
 // (dispatch's one-pass metadata scan). gpu scope on purpose: a fence.sys would also wait for the
@@ -82,65 +92,87 @@ __device__ __forceinline__ bool rank_wait(uint64_t local_base, const SymmLayout&
 }
 
 // ---- one-hop cross-rank barrier (dispatch): no grid barrier in front of it -------------------------
-// Every CTA of rank s adds to signals[op][s] in EVERY rank r (itself included) once per call: CTA 0
-// adds 2^32 - (n - 1), the others 1 (n = gridDim.x of s), so a completed call adds exactly 2^32 and
-// "word >= epoch << 32" holds iff all n CTAs of s arrived for this epoch (no reset, any n per call).
-// Contract: bar.sync, then the arrival is a red.release.sys by thread r (cumulative over the CTA: every
-// thread's earlier writes — peer metadata, own staging — precede it in causality order through the
-// bar.sync, as in cooperative groups' grid sync, where one thread fences after __syncthreads). The
-// waiter's ld.acquire.sys of the word therefore makes every write of every CTA of s made before its
-// arrival visible: the metadata s pushed here and the staging it will read from.
+// Every group of rank s adds to signals[op][s] in EVERY rank r (itself included) once per call: group 0
+// adds 2^32 - (n - 1), the others 1 (n = W.ngroups of s), so a completed call adds exactly 2^32 and
+// "word >= epoch << 32" holds iff all n groups of s arrived for this epoch (no reset, any n per call).
+// Contract: group barrier (bar.red), then the arrival is a red.release.sys by thread r (cumulative over
+// the group: every thread's earlier writes — peer metadata, own staging — precede it in causality order
+// through the barrier, as in cooperative groups' grid sync, where one thread fences after
+// __syncthreads). The waiter's ld.acquire.sys of the word therefore makes every write of every group of
+// s made before its arrival visible: the metadata s pushed here and the staging it will read from.
+// Writes of threads OUTSIDE the group (other roles of a fused kernel's CTA) are not covered.
 // (No per-thread fence.acq_rel.sys before the arrival: not needed by the model; measured 2.5-3.6 us per
 // CTA at 1 and 128 tokens even in CTAs that stored only locally: 2112 warps' MEMBAR.SYS, per-CTA stamps.)
-// All threads of the CTA call it; returns the same bool in every thread (false: timeout reported,
+// All threads of the group call it; returns the same bool in every thread (false: timeout reported,
 // what = the rank waited for). arrive = false in any thread (its part of phase A failed, error
-// reported): the CTA neither arrives nor waits, so the peers time out instead of reading incomplete
+// reported): the group neither arrives nor waits, so the peers time out instead of reading incomplete
 // data (a timeout always needs resync(), which resets the signals).
-__device__ __forceinline__ bool cta_rank_barrier_counted(const uint64_t* peers, uint64_t local_base,
-                                                         const SymmLayout& L, int op, uint64_t epoch,
-                                                         uint64_t deadline, const ErrSink& err, int phase,
-                                                         bool arrive = true) {
-  if (!__syncthreads_and(arrive)) return false;
-  const int r = threadIdx.x;
+__device__ __forceinline__ bool rank_barrier_counted(const Workers& W, const uint64_t* peers, uint64_t local_base,
+                                                     const SymmLayout& L, int op, uint64_t epoch, uint64_t deadline,
+                                                     const ErrSink& err, int phase, bool arrive = true) {
+  if (!W.sync_and(arrive)) return false;
+  const int r = W.tid();
   if (r < L.num_ranks) {
-    const uint64_t inc = blockIdx.x == 0 ? ((uint64_t)1 << 32) - (uint64_t)(gridDim.x - 1) : (uint64_t)1;
+    const uint64_t inc = W.group == 0 ? ((uint64_t)1 << 32) - (uint64_t)(W.ngroups - 1) : (uint64_t)1;
     ptx::red_add_release_sys_u64(signals(peers[r], L, op) + L.rank, inc);
   }
   const bool ok = rank_wait(local_base, L, op, epoch << 32, r, deadline, err, phase, /*detail = epochs*/ 32);
-  return __syncthreads_and(ok) != 0;
+  return W.sync_and(ok);
 }
 
-// ---- start of a standalone kernel: peers, this call's epoch, its time limit and error sink ---------
+// ---- grid barrier among the groups, gpu scope (a fused kernel between its phases) -------------------
+// All threads of every group: group barrier, warp 0 runs warp_grid_barrier_gpu on `word` (a u32 the
+// CALLER owns, zero when first used, used by no other barrier; it never needs a reset), group barrier.
+// Every write any thread of any group made before it (local or to peers) precedes, in causality order,
+// every access of any thread of any group after it. Returns false in every thread of the group on a
+// timeout (reported by warp 0: what = -1, detail = the word).
+__device__ __forceinline__ bool grid_barrier_gpu(const Workers& W, uint32_t* word, uint64_t deadline,
+                                                 const ErrSink& err, int phase) {
+  bool ok = true;
+  W.sync();
+  if (W.warp == 0) ok = warp_grid_barrier_gpu(word, W.group == 0, (uint32_t)W.ngroups, W.lane, deadline, err, phase);
+  return W.sync_and(ok);
+}
+
+// ---- start of a call: peers, this call's epoch, its time limit and error sink ------------------------
 struct CallStart {
   uint64_t local;     // this rank's buffer base
   uint64_t epoch;     // this call of `op`: the last completed epoch + 1
   uint64_t deadline;  // %globaltimer limit of every wait of the call
   ErrSink err;
 };
-// All threads of the CTA: copies the peer table to s_peers (shared memory, >= num_ranks entries) and
-// reads the op's last completed epoch (published by the previous call's last CTA out, an earlier
-// kernel in stream order: relaxed suffices).
-__device__ __forceinline__ CallStart begin_call(const SymmLayout& L, const uint64_t* peers_g, uint64_t* s_peers,
-                                                int op, int32_t* host_err, uint64_t timeout_ns) {
+// All threads of the group: copies the peer table to s_peers (the group's shared memory, >= num_ranks
+// entries) and reads the op's last completed epoch with a relaxed load. Why relaxed suffices: the epoch
+// was published by the previous call's last group out (end_call), in an EARLIER launch on this stream,
+// and the kernel boundary orders it. A fused kernel may run dispatch and combine in one launch (their
+// epochs and end words are separate) but each op at most once per launch, so both epochs it reads come
+// from earlier launches; it may call begin_call for both ops at its start.
+__device__ __forceinline__ CallStart begin_call(const Workers& W, const SymmLayout& L, const uint64_t* peers_g,
+                                                uint64_t* s_peers, int op, int32_t* host_err, uint64_t timeout_ns) {
   const uint64_t deadline = ptx::globaltimer_ns() + timeout_ns;
-  load_peers(s_peers, peers_g, L.num_ranks, threadIdx.x, blockDim.x);
-  __syncthreads();
+  load_peers(s_peers, peers_g, L.num_ranks, W.tid(), W.nthreads());
+  W.sync();
   const uint64_t local = s_peers[L.rank];
   const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + op) + 1;
   return CallStart{local, epoch, deadline, ErrSink{state_err(local, L), host_err, L.rank, (uint32_t)epoch}};
 }
 
-// ---- end of a standalone kernel: the last CTA out publishes the op's completed epoch -----------------
-// Called by thread 0 of every CTA after bar.sync, on EVERY exit path (errors included), so the word's
-// low 31 bits are back to 0 after each call (the bit-31 flip increments, nobody waits).
-// Only the last arrival sees the low 31 bits at 0; it stores the epoch, which the next launch on this
-// stream reads at its start (kernel boundary orders it). No CTA of this launch reads the epoch again.
-// Returns true in the last CTA out.
-__device__ __forceinline__ bool cta_end_publish_epoch(uint32_t* word, uint64_t* epoch_word, uint64_t epoch) {
-  const uint32_t inc = blockIdx.x == 0 ? (0x80000000u - (gridDim.x - 1u)) : 1u;
-  const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(word, inc);
+// ---- end of a call: the last group out publishes the op's completed epoch ---------------------------
+// All threads of every group, on EVERY exit path (errors included): group barrier, then the leader
+// adds (atom.acq_rel.gpu) to the op's end word (state_grid_bar: one word per op, so a dispatch and a
+// combine in one launch never share one) with the bit-31 flip increments, so the word's low 31 bits
+// are back to 0 after each call (nobody waits). Only the last arrival sees the low 31 bits at 0; it
+// stores the epoch, which the next launch on this stream reads at its start (kernel boundary orders
+// it; begin_call). No group of this launch reads the epoch again. Returns true in the leader of the
+// last group out.
+__device__ __forceinline__ bool end_call(const Workers& W, uint64_t local, const SymmLayout& L, int op,
+                                         uint64_t epoch) {
+  W.sync();
+  if (!W.leader()) return false;
+  const uint32_t inc = W.group == 0 ? (0x80000000u - (uint32_t)(W.ngroups - 1)) : 1u;
+  const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(state_grid_bar(local, L, op), inc);
   if (((old + inc) & 0x7fffffffu) != 0u) return false;
-  ptx::st_relaxed_gpu_u64(epoch_word, epoch);
+  ptx::st_relaxed_gpu_u64(state_epoch(local, L) + op, epoch);
   return true;
 }
 

@@ -1,4 +1,7 @@
-// symm_comm/combine.cuh — EP combine as device functions. The standalone kernel (csrc/combine.cu):
+// symm_comm/combine.cuh — the push EP combine as device functions over a Workers range, and the row
+// arithmetic both combines share (the pull combine is combine_pull.cuh). combine_push_run_all is the
+// whole phase; the standalone kernel (csrc/combine.cu) is begin_call -> combine_push_run_all -> combine_end
+// over Workers::cta(). combine_push_run_all is:
 //   start (zero the other parity's row counters, signal "started epoch" to every peer, wait until every
 //   peer started epoch - 1) -> build_combine_schedule -> combine_run: ONE work list per rank, walked
 //   round-robin by all warps, in which pushes and reductions are interleaved chunk by chunk:
@@ -12,12 +15,19 @@
 //   complete while later ones are still in flight: the reduction overlaps the transfer.
 //   Deadlock-free: P_c is preceded in every list only by pushes and by reductions of chunks < c, and
 //   R_c waits only for P_c of every rank; by induction over c every item completes (all warps resident:
-//   cooperative launch). Results do not depend on the order (the sum is over k in slot order).
+//   cooperative launch, or a persistent fused kernel). Results do not depend on the order (the sum is
+//   over k in slot order).
+// Inputs written by the dispatch and the expert GEMM (row_src, cmb_hist / cmb_order, exp_offsets, kmask,
+// expert_out): Order::kKernelBoundary (standalone) reads the local ones through the non-coherent path,
+// written by earlier launches; Order::kInKernel (fused, same launch) reads them coherently, and the
+// CALLER must order every group's writes of them before the call (grid_barrier_gpu after the dispatch
+// and the GEMM epilogues). The peer-facing protocol (start signal, row counters) is explicit either way.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include "symm_comm/barrier.cuh"
 #include "symm_comm/copy.cuh"
+#include "symm_comm/metadata.cuh"
 #include "symm_comm/errors.cuh"
 #include "symm_comm/layout.cuh"
 #include "symm_comm/pool.cuh"
@@ -53,37 +63,43 @@ struct CombineSchedule {
   __device__ __forceinline__ int32_t total() const { return seg[nseg]; }
 };
 
-// One CTA (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last read by our call epoch - 1,
-// finished: stream order; next bumped by the peers' push call epoch + 1, which stores into it only after
-// acquiring our "zeroed" signal of epoch), then fence.acq_rel.sys + bar.sync + a release of `signal`
-// (combine_signal) into every rank: cumulative over the zeroing and over every earlier kernel on this
-// stream. kMaxMerge (pull): the slot has a second writer in the same call (CTA 0's start signal), so the
-// release is a red.max (the word never goes back); push: st.release.sys.
+// One group (all its threads), either mode: zeroes cmb_arr[parity ^ 1] (last read by our call epoch - 1,
+// finished: an earlier launch; next bumped by the peers' push call epoch + 1, which stores into it only
+// after acquiring our "zeroed" signal of epoch), then fence.acq_rel.sys + group barrier + a release of
+// `signal` (combine_signal) into every rank: cumulative over the zeroing, over this group's earlier
+// writes and over every earlier kernel on this stream. kMaxMerge (pull): the slot has a second writer
+// in the same call (group 0's start signal), so the release is a red.max (the word never goes back);
+// push: st.release.sys.
 template <bool kMaxMerge = false>
-__device__ __forceinline__ void combine_zero_next_and_signal(const uint64_t* s_peers, const SymmLayout& L, uint64_t local,
-                                                     int parity, uint64_t signal) {
+__device__ __forceinline__ void combine_zero_next_and_signal(const Workers& W, const uint64_t* s_peers,
+                                                             const SymmLayout& L, uint64_t local, int parity,
+                                                             uint64_t signal) {
   uint32_t* other = cmb_arr(local, L, parity ^ 1);
-  for (int i = threadIdx.x; i < L.max_tokens; i += blockDim.x) other[i] = 0u;
+  for (int i = W.tid(); i < L.max_tokens; i += W.nthreads()) other[i] = 0u;
   ptx::fence_acq_rel_sys();
-  __syncthreads();
+  W.sync();
   if constexpr (kMaxMerge)
-    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
+    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, signal, W.tid());
   else
-    rank_signal(s_peers, L, SYMM_OP_COMBINE, signal, threadIdx.x);
+    rank_signal(s_peers, L, SYMM_OP_COMBINE, signal, W.tid());
 }
 
-// End of a combine call, every CTA, every exit path: the last CTA out publishes the epoch (barrier.cuh)
-// and writes stamp 9.
-__device__ __forceinline__ void combine_end(uint64_t local, const SymmLayout& L, uint64_t epoch) {
-  __syncthreads();
-  if (threadIdx.x == 0 &&
-      cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_COMBINE), state_epoch(local, L) + SYMM_OP_COMBINE, epoch))
-    stamp(local, L, 9);
+// End of a combine call (either kind), all threads of every group, every exit path: the last group out
+// publishes the epoch (barrier.cuh end_call) and writes stamp 9.
+__device__ __forceinline__ void combine_end(const Workers& W, uint64_t local, const SymmLayout& L, uint64_t epoch) {
+  if (end_call(W, local, L, SYMM_OP_COMBINE, epoch)) stamp(local, L, 9);
+}
+
+// A local word written by the dispatch (kmask, exp_offsets): the non-coherent path when an earlier
+// launch wrote it, a coherent load (after the caller's grid barrier) when this launch did.
+template <Order kOrder>
+__device__ __forceinline__ uint32_t ld_dispatch_word(const uint32_t* p) {
+  if constexpr (kOrder == Order::kKernelBoundary) return __ldg(p);
+  else return (uint32_t)ptx::ld_relaxed_gpu_s32(reinterpret_cast<const int32_t*>(p));
 }
 
 // Builds the list (all threads of the group; every group builds the same one). The buckets were
-// written by the last dispatch (an earlier launch on this stream; in push mode by the PEERS, so every
-// dispatch-written word is read with coherent loads, never through the non-coherent path).
+// written by the last dispatch's groups with atomics (coherent loads here, whatever the Order).
 __device__ __forceinline__ void build_combine_schedule(const Workers& W, const SymmLayout& L, uint64_t local,
                                                        int num_tokens, int lag_mult, CombineSchedule& s) {
   const int C = L.num_chunks, R = L.num_ranks, chunk = L.combine_chunk;
@@ -162,19 +178,20 @@ __device__ __forceinline__ int4 f32x8_to_bf16x8(const float* acc) {
 // red.release.sys adds 1 to the destination's cmb_arr[parity][token]; a reader whose ld.acquire.sys
 // sees the count sees the row. with_data = false (expert_out too small, error reported): only the
 // counter is bumped, so the peers' reductions do not hang (they read stale rows, as before).
-template <int UNROLL>
+template <int UNROLL, Order kOrder>
 __device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                                   int parity, int32_t row, const uint16_t* expert_out,
                                                   bool with_data, int lane) {
   const int K = L.topk, T = L.max_tokens;
-  // written by the last dispatch (an earlier launch; push mode: by a peer): coherent load
+  // written by the last dispatch: coherent load
   const int32_t code = ptx::ld_relaxed_sys_s32(at<int32_t>(local, L.off_row_src) + row);
   if (code < 0) return;  // never for a bucketed row; defensive
   const int32_t k = code % K, st = code / K;
   const int32_t tok = st % T, s = st / T;
   if (s >= L.num_ranks) return;
   if (with_data)
-    warp_copy_v4<UNROLL, Load::kLocalNc>(reinterpret_cast<int4*>(combine_row(peers[s], L, parity, k, tok)),
+    // expert_out: the GEMM's output, non-coherent only when an earlier launch wrote it
+    warp_copy_v4<UNROLL, kOrder == Order::kKernelBoundary ? Load::kLocalNc : Load::kCoherent>(reinterpret_cast<int4*>(combine_row(peers[s], L, parity, k, tok)),
                                 reinterpret_cast<const int4*>(expert_out + (int64_t)row * L.hidden),
                                 L.hidden * 2 / 16, lane);
   ptx::fence_acq_rel_sys();
@@ -185,13 +202,13 @@ __device__ __forceinline__ void combine_push_item(const SymmLayout& L, const uin
 // Reduce item: y[t, 16-byte column c16 of each lane] = BF16( sum_{k in kmask[t], in order} w[t,k] * row_k ).
 // Waits (warp-uniform, time limit) until all popcount(kmask[t]) rows of token t arrived. Returns false
 // on timeout (error reported: phase COMBINE_ARRIVE, what = t, detail = rows seen).
-template <int KB>
+template <int KB, Order kOrder>
 __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_t local, int parity, int t, int col,
                                                     const float* topk_w, uint16_t* y, int lane, uint32_t spin_ns,
                                                     uint64_t deadline, const ErrSink& err) {
   const int K = L.topk;
   const int n16 = L.hidden * 2 / 16;
-  const uint32_t mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);  // written by dispatch (earlier launch)
+  const uint32_t mask = ld_dispatch_word<kOrder>(at<uint32_t>(local, L.off_kmask) + t);  // written by the dispatch
   // lane k holds w[t, k] (K <= 32): one coalesced load, broadcast by shuffles in the sum
   const float wl = (topk_w && lane < K) ? __ldg(topk_w + (int64_t)t * K + lane) : 1.f;
   const uint32_t need = (uint32_t)__popc(mask);
@@ -239,7 +256,7 @@ __device__ __forceinline__ bool combine_reduce_item(const SymmLayout& L, uint64_
 
 // Walks the list: item q -> warp q % total_warps. Push buckets of a chunk go destinations
 // rank+1, rank+2, ..., rank (remote links first, the local copy last).
-template <int UNROLL, int KB>
+template <int UNROLL, int KB, Order kOrder>
 __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
                                             uint64_t local, int parity, const CombineSchedule& s,
                                             const uint16_t* expert_out, bool with_data, const float* topk_w,
@@ -261,168 +278,60 @@ __device__ __forceinline__ void combine_run(const Workers& W, const SymmLayout& 
         }
         o -= n;
       }
-      // written by the last dispatch (an earlier launch; push mode: by a peer): coherent load
+      // written by the last dispatch: coherent load
       const int32_t row = ptx::ld_relaxed_sys_s32(cmb_bucket(local, L, dst, x) + o);
-      combine_push_item<UNROLL>(L, peers, local, parity, row, expert_out, with_data, W.lane);
+      combine_push_item<UNROLL, kOrder>(L, peers, local, parity, row, expert_out, with_data, W.lane);
     } else {
       const int t = (x - s.lag) * chunk + o / s.ncol;
-      if (!combine_reduce_item<KB>(L, local, parity, t, o % s.ncol, topk_w, y, W.lane, spin_ns, deadline, err))
+      if (!combine_reduce_item<KB, kOrder>(L, local, parity, t, o % s.ncol, topk_w, y, W.lane, spin_ns, deadline, err))
         return;
     }
   }
 }
 
-// ==== pull combine (layout v8: cmb_in_rows > 0) ==========================================================
-// Every rank's producer wrote its expert outputs into its own cmb_in region (pool row order) before the
-// call; each rank then READS the rows of its own tokens from the owners and reduces them in registers:
-//   y[t] = BF16( sum over k in kmask[t], in order, of [w[t,k] *] cmb_in@owner(t,k)[row(t,k)] )
-// with (owner, row) from cmb_map (written by the owners in the dispatch). No combine buffer, no per-token
-// counters, no second pass: the local rows and the reduction overlap the remote reads, and a token's
-// rows are read once. Same FP32 arithmetic and order as combine_reduce_item (the results are identical).
-// Start contract (csrc/combine.cu): an owner signals combine_signal(epoch, pull = true, *) (red.relaxed.sys.max
-// by default: the kernel boundary, not a release, publishes the earlier kernels' writes; a fused kernel
-// that writes cmb_in itself must use the release) only from inside its combine kernel, i.e. after every
-// earlier kernel on its stream (the producer of cmb_in, and the dispatch that stored our cmb_map entries) completed; a reader
-// acquires (ld.acquire.sys) that signal of EVERY rank before its first cmb_map / cmb_in load (bar.sync
-// after the acquiring threads), so it sees both. WAR: the owner's producer rewrites cmb_in only after its
-// next dispatch passed the one-hop barrier, which needs this rank's arrival, i.e. after our combine ended.
+// The whole push combine of one call, all threads of every group (W.nthreads() >= num_ranks). call:
+// from begin_call(W, ..., SYMM_OP_COMBINE, ...); peers: the group's peer table; smem: the group's
+// symm_combine_smem_ints(&L) ints (the schedule). expert_out: BF16 [out_rows, H] in pool row order.
+// lag_mult, spin_ns: schedule constants (speed only, csrc/combine.cu). The caller ends the call with
+// combine_end on every path.
+template <int UNROLL, int KB, Order kOrder>
+__device__ __forceinline__ void combine_push_run_all(const Workers& W, const SymmLayout& L, const uint64_t* peers,
+                                                     const CallStart& call, int32_t* smem, const uint16_t* expert_out,
+                                                     int64_t out_rows, const float* topk_w, uint16_t* y, int num_tokens,
+                                                     int lag_mult, uint32_t spin_ns) {
+  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
+  const ErrSink& err = call.err;
+  const int parity = (int)(epoch & 1);
+  const bool st0 = W.group == 0 && W.tid() == 0;  // stamps 6..8: group 0's view; 9: last group out
+  if (st0) stamp(local, L, 6);
 
-// Thread r < R of every CTA: waits until rank r started this pull combine (its word >= epoch * 4).
-// A word of this epoch without the pull bit is rank r's PUSH combine of this epoch: the ranks disagree on
-// the mode (SYMM_ERR_COMBINE_MODE, what = r) — reported, never read as rows. Returns false on error /
-// timeout.
-__device__ __forceinline__ bool pull_wait_started(uint64_t local, const SymmLayout& L, uint64_t epoch, int r,
-                                                  uint64_t deadline, const ErrSink& err) {
-  if (r >= L.num_ranks) return true;
-  // The mode check uses the word the wait observed (no second load; measured: handshake 1.1-1.3 -> 0.8-0.9
-  // us at 128 tokens, 2 x H200). The same answer as a later read: a pull call of this epoch only ever
-  // writes words with the pull bit set, a push call words without it, and a later epoch's word fails
-  // the epoch test.
-  uint64_t v = 0;
-  if (!rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch, false, false), r, deadline, err,
-                 SYMM_PHASE_COMBINE_PULL, /*detail = epochs*/ kCombineSignalEpochShift, &v))
-    return false;
-  if (combine_signal_epoch(v) == epoch && !combine_signal_pull(v)) {
-    report_error(err, SYMM_ERR_COMBINE_MODE, SYMM_PHASE_COMBINE_PULL, r, (int32_t)combine_signal_pull(v));
-    return false;
-  }
-  return true;
-}
+  // Start handshake (replaces the barrier between push and reduce).
+  //  - group 0: combine_zero_next_and_signal (zeroes cmb_arr[parity ^ 1], then signals[combine][rank] :=
+  //    epoch in every peer: "this rank finished call epoch - 1").
+  //  - WAR guard: peer r reads its half `parity` (rows and counters) in call epoch - 2, so we store
+  //    into it only after acquiring r's signal >= epoch - 1; the group barrier orders every thread's
+  //    stores after that acquire.
+  if (W.group == 0) combine_zero_next_and_signal(W, peers, L, local, parity, combine_signal(epoch, false, true));
+  // The schedule reads only local data of the last dispatch and stores nothing into a peer, so it is
+  // built BEFORE the wait below: the peers' start signals travel meanwhile.
+  CombineSchedule sched = CombineSchedule::carve(smem, L);
+  build_combine_schedule(W, L, local, num_tokens, lag_mult, sched);
+  const int32_t used = (int32_t)ld_dispatch_word<kOrder>(at<uint32_t>(local, L.off_exp_offsets) + L.num_local_experts);
+  const bool with_data = (int64_t)used <= out_rows;
+  if (!with_data && W.group == 0 && W.tid() == 0)
+    report_error(err, SYMM_ERR_OUT_ROWS, SYMM_PHASE_COMBINE_PUSH, used, (int32_t)out_rows);
 
-// One pull item: token t, 16-byte column c (= col * 32 + lane) of each of its rows. Split into load /
-// check / issue / reduce so a warp can hold two items' loads in flight at once (combine_pull_run).
-struct PullItem {
-  int t = 0, c = 0;
-  bool live = false;   // false: past the end of the list (nothing to do)
-  uint32_t mask = 0;   // kmask[t]: the ks the dispatch sent
-  int32_t where = -1;  // lane k < K: row k's (row * R + owner), from cmb_map
-  float wl = 1.f;      // lane k < K: w[t, k] (1 without weights)
-
-  // The item's words: kmask (written by the dispatch, an earlier launch) and lane k's cmb_map entry
-  // (peer-written in the dispatch: coherent load, after the start acquire) and weight.
-  __device__ __forceinline__ void load(const SymmLayout& L, uint64_t local, int64_t q, int64_t total, int ncol,
-                                       const float* topk_w, int lane) {
-    live = q < total;
-    if (!live) return;
-    t = (int)(q / ncol);
-    c = (int)(q - (int64_t)t * ncol) * 32 + lane;
-    mask = __ldg(at<uint32_t>(local, L.off_kmask) + t);
-    if (lane < L.topk) {
-      where = ptx::ld_relaxed_sys_s32(cmb_map(local, L) + (int64_t)t * L.topk + lane);
-      if (topk_w) wl = __ldg(topk_w + (int64_t)t * L.topk + lane);
-    }
-  }
-  // false (reported: SYMM_ERR_COMBINE_ROW, what = token, detail = k): a sent k without a valid row.
-  __device__ __forceinline__ bool check(const SymmLayout& L, int lane, const ErrSink& err) const {
-    const bool bad = live && lane < L.topk && ((mask >> lane) & 1u) &&
-                     (where < 0 || where / L.num_ranks >= L.cmb_in_rows);
-    const uint32_t badm = __ballot_sync(0xffffffffu, bad);
-    if (badm && lane == 0) report_error(err, SYMM_ERR_COMBINE_ROW, SYMM_PHASE_COMBINE_PULL, t, __ffs(badm) - 1);
-    return badm == 0;
-  }
-  // Loads of rows k0 .. k0 + KB - 1 (those sent), all in flight; `live` and `mask` are warp-uniform.
-  template <int KB>
-  __device__ __forceinline__ void issue(const SymmLayout& L, const uint64_t* peers, int k0, int4 (&v)[KB]) const {
-    if (!live) return;
-    const bool active = c < L.hidden * 2 / 16;  // only the tail lanes of the last column idle
-#pragma unroll
-    for (int u = 0; u < KB; ++u) {
-      const int k = k0 + u;
-      if (k < L.topk && ((mask >> k) & 1u)) {
-        const int32_t wk = __shfl_sync(0xffffffffu, where, k);
-        // a peer's row (or ours): coherent loads, after the acquire of its owner's start signal
-        if (active)
-          v[u] = ptx::ld_v4_coherent(reinterpret_cast<const int4*>(cmb_in_row(peers[wk % L.num_ranks], L,
-                                                                              wk / L.num_ranks)) + c);
-      }
-    }
-  }
-  // acc += rows k0 .. k0 + KB - 1 in k order (the push combine's arithmetic: bitwise the same result).
-  template <int KB>
-  __device__ __forceinline__ void accumulate(const SymmLayout& L, int k0, const int4 (&v)[KB], float* acc) const {
-    if (!live) return;
-    const bool active = c < L.hidden * 2 / 16;
-#pragma unroll
-    for (int u = 0; u < KB; ++u) {
-      const int k = k0 + u;
-      if (k < L.topk && ((mask >> k) & 1u)) {
-        const float w = __shfl_sync(0xffffffffu, wl, k);
-        if (active) bf16x8_accumulate(acc, v[u], w);
-      }
-    }
-  }
-  __device__ __forceinline__ void store(const SymmLayout& L, uint16_t* y, const float* acc) const {
-    if (live && c < L.hidden * 2 / 16)
-      ptx::st_v4(reinterpret_cast<int4*>(y + (int64_t)t * L.hidden) + c, f32x8_to_bf16x8(acc));
-  }
-};
-
-// Items (token, 512-byte column) in token-major order, item q -> warp q % total_warps (neighbouring warps
-// share a token's cmb_map line). K <= KB: a warp takes its items two at a time (q, q + total_warps) and
-// has both items' K row loads in flight before it reduces either: a small call has <= 2 items per warp
-// (128 tokens: 3584 items on 2112 warps), and one item at a time left the second wave's loads waiting
-// for the first wave's round trip. K > KB: one item at a time, KB rows per batch.
-template <int KB>
-__device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLayout& L, const uint64_t* peers,
-                                                 uint64_t local, int num_tokens, const float* topk_w, uint16_t* y,
-                                                 const ErrSink& err) {
-  const int ncol = (L.hidden * 2 / 16 + 31) / 32;
-  const int64_t total = (int64_t)num_tokens * ncol, step = W.total_warps();
-  if (L.topk <= KB) {
-    for (int64_t q = W.gwarp(); q < total; q += 2 * step) {
-      PullItem a, b;
-      a.load(L, local, q, total, ncol, topk_w, W.lane);
-      b.load(L, local, q + step, total, ncol, topk_w, W.lane);
-      if (!a.check(L, W.lane, err) || !b.check(L, W.lane, err)) return;
-      int4 va[KB], vb[KB];
-      a.issue<KB>(L, peers, 0, va);
-      b.issue<KB>(L, peers, 0, vb);
-      float acc[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      a.accumulate<KB>(L, 0, va, acc);
-      a.store(L, y, acc);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-      b.accumulate<KB>(L, 0, vb, acc);
-      b.store(L, y, acc);
-    }
-    return;
-  }
-  for (int64_t q = W.gwarp(); q < total; q += step) {
-    PullItem a;
-    a.load(L, local, q, total, ncol, topk_w, W.lane);
-    if (!a.check(L, W.lane, err)) return;
-    float acc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-    for (int k0 = 0; k0 < L.topk; k0 += KB) {
-      int4 v[KB];
-      a.issue<KB>(L, peers, k0, v);
-      a.accumulate<KB>(L, k0, v, acc);
-    }
-    a.store(L, y, acc);
-  }
+  // (either mode: a pull call c - 1 read no combine half; its last group signals "zeroed" once it zeroed)
+  const bool started = rank_wait(local, L, SYMM_OP_COMBINE, combine_signal(epoch - 1, false, true), W.tid(),
+                                 deadline, err, SYMM_PHASE_COMBINE_RANKS,
+                                 /*detail = epochs*/ kCombineSignalEpochShift);
+  // WAR guard (above): every thread's peer stores in combine_run come after this group barrier, which
+  // follows thread r's ld.acquire.sys of rank r's signal.
+  const bool go = W.sync_and(started);
+  if (st0) stamp(local, L, 7);
+  if (go) combine_run<UNROLL, KB, kOrder>(W, L, peers, local, parity, sched, expert_out, with_data, topk_w, y, spin_ns,
+                                          deadline, err);
+  if (st0) stamp(local, L, 8);
 }
 
 }  // namespace symm

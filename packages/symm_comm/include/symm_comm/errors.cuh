@@ -16,6 +16,7 @@
 #define SYMM_ERR_MASKED_OVERFLOW 6  // masked layout: an expert got more than max_m rows
 #define SYMM_ERR_COMBINE_MODE 7   // combine: this rank pulls and rank `what` does not (or the reverse)
 #define SYMM_ERR_COMBINE_ROW 8    // pull combine: token `what`'s row k = detail has no valid owner row
+#define SYMM_ERR_SMEM 9           // dispatch_run: scratch of `what` ints, the phase needs `detail` (fused kernels)
 
 // Phases (word 2).
 #define SYMM_PHASE_DISPATCH_SCAN 1     // phase A: scan topk_idx, push metadata
@@ -28,6 +29,8 @@
 #define SYMM_PHASE_COMBINE_ARRIVE 8    // combine reduce: the rows of a token did not all arrive
 // 9: retired (the push dispatch's completion barrier, removed in layout v10); kept free.
 #define SYMM_PHASE_COMBINE_PULL 10     // pull combine: waiting for the owners' start signals / reading their rows
+#define SYMM_PHASE_POOL_WAIT 11        // a pool consumer (wait_block): block `what`'s rows did not all arrive
+#define SYMM_PHASE_GRID 12             // grid_barrier_gpu between a fused kernel's phases
 
 // Error word layout (8 x i32): code, rank, phase, what, detail, epoch (low 32 bits), 0, 0.
 //   TIMEOUT: what = peer rank waited for (-1 = grid barrier), detail = last value seen (low bits;

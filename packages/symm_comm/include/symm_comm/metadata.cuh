@@ -20,6 +20,10 @@
 
 // Shared-memory ints of the one-pass metadata (host and device): one running count per expert.
 SYMM_LAYOUT_HD int64_t symm_meta_smem_ints(const SymmLayout* L) { return L->num_experts; }
+namespace symm {
+// Largest N = T * K ids of the small-T metadata scan (push_metadata_warp); its ids sit in shared memory.
+constexpr int64_t kMetaWarpMaxIds = 2048;
+}  // namespace symm
 
 #if defined(__CUDACC__)
 namespace symm {
@@ -229,7 +233,7 @@ __device__ __forceinline__ void push_metadata(const Workers& W, const SymmLayout
 // (invalid -> -1): one global latency per group instead of one per warp and batch. (Scanning global
 // memory per warp cost 9 us at 128 tokens with serialised loads and still 6.5 us batched, per-CTA
 // stamps on 2 x H200: perf notes "Metadata loads".) All threads of the group must call it.
-constexpr int64_t kMetaWarpMaxIds = 2048;
+// (kMetaWarpMaxIds: above, with the host-side sizes)
 // With small_dedup: the owners' plain pull kernel (which ignores the fan-out) runs up to this many ids
 // of their own (csrc/dispatch.cu), and sources with no more ids than this send plain ids.
 constexpr int64_t kPlainPullMaxIds = 256;

@@ -8,5 +8,8 @@
 #include "symm_comm/barrier.cuh"
 #include "symm_comm/copy.cuh"
 #include "symm_comm/pool.cuh"
+#include "symm_comm/dispatch_stage.cuh"
+#include "symm_comm/dispatch_pull.cuh"
 #include "symm_comm/dispatch.cuh"
 #include "symm_comm/combine.cuh"
+#include "symm_comm/combine_pull.cuh"

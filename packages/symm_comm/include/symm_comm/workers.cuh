@@ -1,7 +1,12 @@
 // symm_comm/workers.cuh — who runs a device function. A standalone kernel passes "the CTA"; a fused
 // kernel passes the warps it dedicates to communication (e.g. one warp group with its own named
 // barrier). Every symm_comm __device__ function takes its state from the caller through this and
-// explicit pointers: no globals, no blockIdx/threadIdx inside.
+// explicit pointers: no globals, no blockIdx / threadIdx / gridDim / __syncthreads inside.
+// Contract of a Workers range: every group has the same nwarps; all ngroups groups run the same phase
+// on different data and are co-resident (cooperative launch, or one persistent CTA per SM); bar_id is a
+// named barrier no other role of the CTA uses while the group runs a symm_comm phase (0: the group is
+// the whole CTA, nwarps * 32 == blockDim.x, and sync() / sync_and() are __syncthreads(_and)).
+// Functions that talk to every rank use thread r < num_ranks of a group: nthreads() >= num_ranks.
 #pragma once
 #include <stdint.h>
 #include "symm_comm/ptx.cuh"
@@ -23,7 +28,18 @@ struct Workers {
   __device__ __forceinline__ int64_t total_warps() const { return (int64_t)ngroups * nwarps; }
   __device__ __forceinline__ int64_t gthread() const { return (int64_t)group * nthreads() + tid(); }
   __device__ __forceinline__ int64_t total_threads() const { return (int64_t)ngroups * nthreads(); }
-  __device__ __forceinline__ void sync() const { ptx::named_barrier(bar_id, nwarps * 32); }
+  // bar_id 0 is the whole CTA (bar.sync 0 without a count, what __syncthreads emits); a constant in
+  // every caller (Workers::cta(), the fused kernel's list), so the branch folds away.
+  __device__ __forceinline__ void sync() const {
+    if (bar_id == 0) __syncthreads();
+    else ptx::named_barrier(bar_id, nwarps * 32);
+  }
+  // Group barrier that returns the AND of pred over the group's threads (bar.red.and).
+  __device__ __forceinline__ bool sync_and(bool pred) const {
+    if (bar_id == 0) return __syncthreads_and(pred) != 0;
+    return named_barrier_and(bar_id, nwarps * 32, pred);
+  }
+  __device__ __forceinline__ bool leader() const { return warp == 0 && lane == 0; }
 
   // The whole CTA as one group (standalone kernels).
   static __device__ __forceinline__ Workers cta() {

@@ -28,12 +28,15 @@ CODES = {1: "timeout", 2: "expert id out of range", 3: "pool capacity exceeded",
          4: "more slots than max_tokens_per_rank for one (expert, source) (duplicate expert ids in a token?)",
          5: "expert_out has fewer rows than the pool uses", 6: "masked layout: an expert got more than max_m rows",
          7: "ranks disagree on the combine mode (every rank must pass buf.combine_input() as expert_out, or none)",
-         8: "pull combine: a row has no valid owner row (the dispatch failed, or cmb_in_rows is below the pool rows used)"}
+         8: "pull combine: a row has no valid owner row (the dispatch failed, or cmb_in_rows is below the pool rows used)",
+         9: "dispatch scratch (shared memory) smaller than the phase needs"}
 PHASES = {1: "dispatch phase A (scan, metadata to the owners)", 2: "dispatch metadata scan (grid barrier between this rank's CTAs)", 3: "dispatch cross-rank barrier",
           4: "dispatch phase B (pool layout)", 5: "combine peer stores",
           7: "combine start (peers finishing their previous combine)",
           8: "combine reduce (row arrivals)",
-          10: "pull combine (owners' start signals, their rows)"}
+          10: "pull combine (owners' start signals, their rows)",
+          11: "pool consumer waiting for a block's rows (wait_block)",
+          12: "grid barrier between a fused kernel's phases"}
 
 
 def describe(words) -> str:
