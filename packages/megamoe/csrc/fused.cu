@@ -9,8 +9,8 @@
 //   phase L2 the same roles, a fresh pipeline: fp4_gemm's mainloop + BF16 epilogue into the combine input
 //   grid barrier 2 (this rank's L2 rows complete: the pull combine's start signal may go out)
 //   phase C  all threads (registers rebalanced): symm_comm's pull combine (explicit release start signal)
-// What the kernel boundaries gave the staged pipeline, the grid barriers give here
-// (include/megamoe/grid_barrier.cuh has the ordering contract); TMA reads of rows written by
+// What the kernel boundaries gave the staged pipeline, the grid barriers give here (symm_comm's
+// grid_barrier_gpu: every write before it precedes every access after it, gpu scope); TMA reads of rows written by
 // generic stores earlier in the launch are preceded by fence.proxy.async.global in the issuing thread.
 // Overlap of the phases (per-block arrival / readiness counters instead of grid barriers, the wave
 // scheduler of include/megamoe/scheduler.cuh) is the next step (docs/perf-notes.md).
@@ -20,7 +20,7 @@
 
 #include "fp4_gemm/epilogue.cuh"
 #include "fp4_gemm/mainloop.cuh"
-#include "megamoe/grid_barrier.cuh"
+#include "megamoe/layout.cuh"
 #include "megamoe_api.h"
 #include "symm_comm/symm_comm.cuh"
 #include "tensor_map.h"
@@ -29,6 +29,7 @@ namespace megamoe {
 namespace {
 
 namespace fg = fp4_gemm;
+namespace ptx = ::moe::ptx;
 constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math warpgroups
 constexpr int kCombineK = 8;                      // the pull combine's k batch (symm_comm's standalone value)
 constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
@@ -38,9 +39,10 @@ constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
 constexpr uint32_t kL1Barrier = 1;
 constexpr uint32_t kStoreBarrier0 = 2;
 static_assert(kStoreBarrier0 + fg::kMathThreads / 128 <= 16, "named barrier ids");
-// Grid barriers (grid_barrier.cuh), in call order.
+// Grid barriers (symm_comm's grid_barrier_gpu), in call order: one caller-owned word each (grid_words,
+// zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
-static_assert(kBarL2 < moe::kGridBarriers, "grid barrier words");
+static_assert(kBarL2 < moe::kGridWords, "grid barrier words");
 
 template <int kCtasPerSm>
 struct RegisterSplit {
@@ -66,6 +68,7 @@ struct FusedParams {
   __nv_bfloat16* l2_out;  // the pull combine's input rows (this rank's cmb_in)
   uint16_t* y;
   uint32_t* grid_words;
+  int* gemm_err;         // fp4_gemm's error word (its pipeline timeouts)
 };
 
 }  // namespace
@@ -74,126 +77,55 @@ struct FusedParams {
 namespace megamoe {
 namespace {
 
-// ---- phase D: symm_comm's pull dispatch, as its standalone kernel runs it ------------------------------
-// (smem: the pool tables / metadata scratch, carved from the front of the dynamic window, unused by the
-// GEMM phases until grid barrier 0.) Returns the call's start (epoch, deadline, error sink).
-template <typename IdxT, bool kDedup>
-__device__ __forceinline__ void dispatch_phase(const FusedParams& p, const symm::Workers& W, int32_t* smem,
-                                               const uint64_t* s_peers, const symm::CallStart& call) {
-  using namespace symm;
-  const SymmLayout& L = p.L;
-  const uint64_t local = call.local, epoch = call.epoch, deadline = call.deadline;
-  const ErrSink& err = call.err;
-  DispatchArgs a = p.d;
-  a.parity = (int)(epoch & 1);
-  a.push = SYMM_KIND_PULL;
-  const PoolTables t = PoolTables::carve(smem, L);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *pull_counter(local, L, a.parity ^ 1) = 0u;
-  publish_num_tokens(L, s_peers, a);
-  const bool small = (int64_t)a.num_tokens * L.topk <= kMetaWarpMaxIds;
-  const int G = (small || !p.onepass) ? 0 : (gridDim.x < SYMM_META_MAX_GROUPS ? (int)gridDim.x : SYMM_META_MAX_GROUPS);
-  bool meta_ok = true;
-  if (W.warp == 0 && (int)blockIdx.x < G) {
-    meta_ok = push_metadata_onepass<IdxT>(W, L, s_peers, local, a, G, smem, deadline, err);
-  } else {
-    const Stagers sg = Stagers::of(W, G);
-    clear_combine_buckets(sg, L, local);
-    clear_push_hist(sg, L, local, a.parity);
-    stage_inputs<IdxT, true, false>(sg, L, local, a, err);
-  }
-  if (small) push_metadata_warp<IdxT>(W, L, s_peers, a, smem, err, true);
-  else if (!p.onepass) push_metadata<IdxT>(W, L, s_peers, a, t.scratch, err);
-  __syncthreads();
-  if (cta_rank_barrier_counted(s_peers, local, L, SYMM_OP_DISPATCH, epoch, deadline, err, SYMM_PHASE_DISPATCH_RANKS,
-                               meta_ok, true, false)) {
-    build_pool_tables<true>(W, L, t, meta_count(local, L, a.parity), a.masked != 0);
-    rank_arrive_whole(s_peers, L, SYMM_SIG_DISPATCH_DONE);
-    if (!check_capacity(W, L, t, a.masked != 0, err)) {
-      pad_blocks(W, L, local, t, /*aborted=*/true);
-    } else {
-      if (blockIdx.x == 0) publish_layout(W, L, local, t);
-      pad_blocks(W, L, local, t, false, false, true);
-      pull_rows<kDedup ? kPullUnroll : kPullUnrollPlain, kDedup>(W, L, s_peers, local, t, a.parity,
-                                                                 pull_counter(local, L, a.parity));
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    cta_end_publish_epoch(state_grid_bar(local, L, SYMM_OP_DISPATCH), state_epoch(local, L) + SYMM_OP_DISPATCH, epoch);
-}
-
-// ---- phase C: symm_comm's pull combine, as its standalone kernel runs it --------------------------------
-// The start signal is a RELEASE here (the standalone kernel's is relaxed, relying on the kernel boundary):
-// this launch wrote the L2 rows the peers read and the dispatch's peer stores (cmb_map), and grid barrier
-// 2 ordered every CTA's writes before CTA 0's signal (acquire by its thread 0, then a CTA barrier).
-// The L1 epilogue applied the top-k weights: the combine sums the rows unweighted (topk_w = null).
-__device__ __forceinline__ void combine_phase(const FusedParams& p, const symm::Workers& W, const uint64_t* s_peers,
-                                              const symm::CallStart& call) {
-  using namespace symm;
-  const SymmLayout& L = p.L;
-  const uint64_t local = call.local, epoch = call.epoch;
-  const int parity = (int)(epoch & 1);
-  if (blockIdx.x == 0)
-    rank_signal_max(s_peers, L, SYMM_OP_COMBINE, combine_signal(epoch, true, false), threadIdx.x, /*relaxed=*/false);
-  if (blockIdx.x == gridDim.x - 1)
-    combine_zero_next_and_signal<true>(s_peers, L, local, parity, combine_signal(epoch, true, true));
-  const bool started = pull_wait_started(local, L, epoch, threadIdx.x, call.deadline, call.err);
-  const bool go = __syncthreads_and(started);
-  if (go) combine_pull_run<kCombineK>(W, L, s_peers, local, p.d.num_tokens, nullptr, p.y, call.err);
-  combine_end(local, L, epoch);
-}
-
 // ---- phases L1 / L2: fp4_gemm's roles, as its standalone kernel runs them -------------------------------
-// Every thread of the CTA calls it (roles split inside; the register split was made once by the caller).
-// `table`: the scheduler's unit table of this problem (built before the split). The pipeline is fresh
-// (initialised by the caller); the producer's ring iteration starts at 0.
-template <class Cfg, bool kL1Epi>
-__device__ __forceinline__ void gemm_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
-                                           const fg::GroupedProblem& pb, const fg::WeightOperand& w,
-                                           const fg::TokenOperand& x, const fg::L1Args& l1, __nv_bfloat16* out,
-                                           const int* table, const moe::ErrSink& err, uint64_t timeout_ns) {
-  using Sched = fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN>;
-  const int tid = threadIdx.x;
-  Sched sched(pb, table);
+// The pipeline is fresh (initialised by the caller); the producer's ring iteration starts at 0. `table`:
+// the problem's unit table (built before the register split).
+template <class Cfg>
+__device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
+                                              const fg::GroupedProblem& pb, const fg::WeightOperand& w,
+                                              const fg::TokenOperand& x, const int* table, int* gemm_err) {
+  fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
   fg::Tile t;
   uint32_t iter = 0;
-  if (tid < 128) {
-    // TMA reads rows that generic stores of other CTAs wrote before the grid barrier: proxy fence after the
-    // acquire (grid_barrier.cuh), in the thread that issues the loads.
-    if (tid == 0) ptx::fence_proxy_async_global();
+  bool ok = true;
+  while (ok && sched.next(t))
+    for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
+      ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, threadIdx.x, gemm_err);
+}
+
+template <class Cfg, bool kL1Epi>
+__device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg::GroupedProblem& pb,
+                                           const fg::WeightOperand& w, const fg::L1Args& l1, __nv_bfloat16* out,
+                                           const int* table, int wg, int tid_in_wg, int* gemm_err) {
+  fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
+  auto epilogue = [&](const fg::Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t) {
+    const float* row_scale = w.row_scale + int64_t(t.group) * pb.n;
+    if constexpr (!kL1Epi) {
+      const int n0 = t.n_block * fg::WL::kBlockRows + wg * fg::WL::kRowsPerWarpgroup;
+      if constexpr (Cfg::kStagedStore)
+        fg::store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, out, pb.n, t.row0, t.rows, n0,
+                                                                 tid_in_wg, sm.store_tile(wg),
+                                                                 kStoreBarrier0 + uint32_t(wg));
+      else
+        fg::store_bf16<Cfg::kBlockN>(acc, row_scale, out, pb.n, t.row0, t.rows, n0, tid_in_wg);
+    } else {
+      fg::store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
+          acc, row_scale, l1, pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(), sm.l1_scales(),
+          sm.stash(), sm.store_tile(0), kL1Barrier);
+    }
+  };
+  if constexpr (Cfg::kPath == fg::WeightPath::kRegs) {
+    fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, gemm_err, epilogue);
+  } else {
+    fg::Tile t;
+    uint32_t iter = 0;
+    float acc[Cfg::kAccRegs];
     bool ok = true;
     while (ok && sched.next(t))
-      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
-        ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, tid, err, timeout_ns);
-  } else {
-    const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    auto epilogue = [&](const fg::Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t) {
-      const float* row_scale = w.row_scale + int64_t(t.group) * pb.n;
-      if constexpr (!kL1Epi) {
-        const int n0 = t.n_block * fg::WL::kBlockRows + wg * fg::WL::kRowsPerWarpgroup;
-        if constexpr (Cfg::kStagedStore)
-          fg::store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, out, pb.n, t.row0, t.rows, n0,
-                                                                   tid_in_wg, sm.store_tile(wg),
-                                                                   kStoreBarrier0 + uint32_t(wg));
-        else
-          fg::store_bf16<Cfg::kBlockN>(acc, row_scale, out, pb.n, t.row0, t.rows, n0, tid_in_wg);
-      } else {
-        fg::store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
-            acc, row_scale, l1, pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(), sm.l1_scales(),
-            sm.stash(), sm.store_tile(0), kL1Barrier);
+      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
+        ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, gemm_err);
+        if (ok) epilogue(t, acc, 0);
       }
-    };
-    if constexpr (Cfg::kPath == fg::WeightPath::kRegs) {
-      fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, err, timeout_ns, epilogue);
-    } else {
-      float acc[Cfg::kAccRegs];
-      bool ok = true;
-      while (ok && sched.next(t))
-        for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
-          ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, err, timeout_ns);
-          if (ok) epilogue(t, acc, 0);
-        }
-    }
   }
 }
 
@@ -206,11 +138,6 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
     ptx::mbar_inval(sm.full(s));
     ptx::mbar_inval(sm.empty(s));
   }
-}
-
-// One thread per CTA between two CTA barriers; false on timeout (reported).
-__device__ __forceinline__ bool grid_sync(const moe::GridBarrier& gb, int b, uint64_t deadline, const moe::ErrSink& err) {
-  return gb.arrive_wait(b, deadline, err, SYMM_ERR_TIMEOUT, MOE_PHASE_GRID0 + b);
 }
 
 // Shared memory: the GEMM phases' plans (one at a time) and, after the larger of them, the L2 problem's
@@ -230,78 +157,82 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     fused_moe_kernel(const __grid_constant__ CUtensorMap tmap_pool, const __grid_constant__ CUtensorMap tmap_l1,
                      const FusedParams p) {
   using S = FusedSmem<CL1, CL2>;
+  using Regs = RegisterSplit<CL1::kCtasPerSm>;
+  using Sched1 = fg::GroupedScheduler<CL1::kBlockN, fg::WL::kBlockRows, 1, CL1::kPairN>;
+  using Sched2 = fg::GroupedScheduler<CL2::kBlockN, fg::WL::kBlockRows, 1, CL2::kPairN>;
+  static_assert(Sched1::kTableThreads == kThreads, "the whole CTA builds the unit tables");
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x;
   uint64_t* s_peers = reinterpret_cast<uint64_t*>(smem + S::kPeersOff);
   int* table2 = reinterpret_cast<int*>(smem + S::kTable2Off);
-  const symm::Workers W = symm::Workers::cta();
+  const symm::Workers W = symm::Workers::cta();  // every phase's group: the whole CTA (bar 0)
   const SymmLayout& L = p.L;
-
-  // ---- phase D --------------------------------------------------------------------------------------
-  const symm::CallStart call = symm::begin_call(L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
-  const moe::GridBarrier gb{p.grid_words, uint32_t(call.epoch & 1), gridDim.x};
-  if (blockIdx.x == 0 && tid == 0) gb.clear_next_row();
-  if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; uniform over the grid
-    if (tid == 0) moe::report_error(call.err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
-    return;  // every CTA leaves: no barrier waits for another
+  // Both ops' starts first (each op runs once per launch: both epochs come from earlier launches).
+  const symm::CallStart dc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
+  const symm::CallStart cc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
+  const moe::ErrSink& err = dc.err;
+  if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; the same in every CTA
+    if (blockIdx.x == 0 && tid == 0) fg::report_error(p.gemm_err, fg::kErrSmemAlign);
+    return;  // every CTA leaves before any wait (the peers time out: a broken build, not a data error)
   }
+
+  // ---- phase D -----------------------------------------------------------------------------------------
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
+  const int64_t dsm_ints = S::kPeersOff / 4;
   if (p.idx_bytes == 8) {
-    if (p.dedup) dispatch_phase<int64_t, true>(p, W, dsm, s_peers, call);
-    else dispatch_phase<int64_t, false>(p, W, dsm, s_peers, call);
+    if (p.dedup) symm::dispatch_run<int64_t, kPullUnroll, true>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
+    else symm::dispatch_run<int64_t, kPullUnrollPlain, false>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
   } else {
-    if (p.dedup) dispatch_phase<int32_t, true>(p, W, dsm, s_peers, call);
-    else dispatch_phase<int32_t, false>(p, W, dsm, s_peers, call);
+    if (p.dedup) symm::dispatch_run<int32_t, kPullUnroll, true>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
+    else symm::dispatch_run<int32_t, kPullUnrollPlain, false>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
   }
-  // (phase D ends with a CTA barrier)
-  bool ok = true;
-  __shared__ int s_ok;
-  if (tid == 0) s_ok = grid_sync(gb, kBarPool, call.deadline, call.err);
-  __syncthreads();
-  ok = s_ok != 0;
+  symm::end_call(W, dc.local, L, SYMM_OP_DISPATCH, dc.epoch);
+  // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
+  ptx::fence_proxy_async_smem();
+  bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, dc.deadline, err, MOE_PHASE_GRID0 + kBarPool);
 
-  // ---- phases L1, L2 ----------------------------------------------------------------------------------
+  // ---- phases L1, L2 ---------------------------------------------------------------------------------------
   fg::SmemView<CL1> sm1{smem};
   fg::SmemView<CL2> sm2{smem};
-  using Sched1 = fg::GroupedScheduler<CL1::kBlockN, fg::WL::kBlockRows, 1, CL1::kPairN>;
-  using Sched2 = fg::GroupedScheduler<CL2::kBlockN, fg::WL::kBlockRows, 1, CL2::kPairN>;
-  static_assert(Sched1::kTableThreads == kThreads, "the whole CTA builds the unit tables");
   fg::init_pipeline(sm1, tid, kThreads);
   Sched1::build_table(p.pb1, sm1.unit_table(), reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
   __syncthreads();
   Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
   __syncthreads();
-  using Regs = RegisterSplit<CL1::kCtasPerSm>;
-  if (tid < 128) ptx::setmaxnreg_dec<Regs::kProducer>();
-  else ptx::setmaxnreg_inc<Regs::kMath>();
-  if (ok) gemm_phase<CL1, true>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, p.l1, nullptr, sm1.unit_table(), call.err,
-                                p.timeout_ns);
-  // L2's TMA writes reuse shared memory L1's epilogue wrote through the generic proxy.
-  ptx::fence_proxy_async_smem();
-  __syncthreads();
-  if (tid == 0) {
-    s_ok = ok && grid_sync(gb, kBarL1, call.deadline, call.err);
-    retire_pipeline(sm1);
+  // The roles keep their register budgets until the combine: every CTA barrier and grid barrier below is
+  // reached from inside both branches (bar 0 counts threads, not code locations), so ptxas sees one budget
+  // per region.
+  if (tid < 128) {
+    ptx::setmaxnreg_dec<Regs::kProducer>();
+    if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
+    if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), p.gemm_err);
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    if (tid == 0) retire_pipeline(sm1);
+    __syncthreads();  // (the math threads initialise L2's pipeline here)
+    __syncthreads();
+    if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
+    if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, p.gemm_err);
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    if (tid == 0) retire_pipeline(sm2);
+    ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
+  } else {
+    ptx::setmaxnreg_inc<Regs::kMath>();
+    const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
+    if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, p.gemm_err);
+    ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    __syncthreads();  // L1's barriers retired
+    fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
+    __syncthreads();
+    if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, p.gemm_err);
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
-  __syncthreads();
-  ok = s_ok != 0;
-  if (tid >= 128) fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);  // the math threads: 232 registers
-  __syncthreads();
-  if (ok) gemm_phase<CL2, false>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, p.l1, p.l2_out, table2, call.err, p.timeout_ns);
-  __syncthreads();
-  if (tid == 0) {
-    s_ok = ok && grid_sync(gb, kBarL2, call.deadline, call.err);
-    retire_pipeline(sm2);
-  }
-  // Back to one register count for the combine's threads (math first: the producer's increase waits for
-  // the registers the math warpgroups release).
-  if (tid >= 128) ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
-  else ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
-  __syncthreads();
 
-  // ---- phase C: symm_comm's pull combine --------------------------------------------------------------
-  const symm::CallStart cc = symm::begin_call(L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
-  combine_phase(p, W, s_peers, cc);
+  // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
+  // grid barrier 2 (kInKernel: a released signal). The L1 epilogue applied the top-k weights (topk_w null).
+  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, L, s_peers, cc, nullptr, p.y, p.d.num_tokens);
+  symm::combine_end(W, cc.local, L, cc.epoch);
 }
 
 // ---- host --------------------------------------------------------------------------------------------
@@ -311,12 +242,10 @@ template <class CL1, class CL2>
 int launch(FusedParams& p, const void* pool_x, const void* l1_q, int num_sms, cudaStream_t stream) {
   using S = FusedSmem<CL1, CL2>;
   const SymmLayout& L = p.L;
-  // Dispatch scratch (tables / one-pass metadata counts) from offset 0, below the peer table.
-  const int64_t tables = symm_tables_smem_ints(&L), meta = symm_meta_smem_ints(&L);
-  p.onepass = meta * 4 <= S::kPeersOff && meta * 4 <= 160 * 1024;
-  int64_t ints = p.onepass && meta > tables ? meta : tables;
-  if (ints < symm::kMetaWarpMaxIds) ints = symm::kMetaWarpMaxIds;
-  if (ints * 4 > S::kPeersOff) return MOE_EUNSUPPORTED;  // too many local experts x ranks for this tile
+  // Dispatch scratch (one-pass metadata counts, then the pool tables) from offset 0, below the peer table;
+  // the one-pass scan where its counts fit, as the standalone dispatch picks it (the pool is the same).
+  p.onepass = symm_meta_smem_ints(&L) * 4 <= 160 * 1024 && symm_dispatch_smem_ints(&L, true) * 4 <= S::kPeersOff;
+  if (symm_dispatch_smem_ints(&L, p.onepass != 0) * 4 > S::kPeersOff) return MOE_EUNSUPPORTED;
   CUtensorMap m1, m2;
   const int64_t P = L.pool_rows;
   if (int rc = fg::make_tensor_map_2d_u8(&m1, pool_x, p.pb1.k, P, p.pb1.k, fg::WL::kBlockK, CL1::kTmaBoxRows)) return rc;
@@ -412,7 +341,7 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
                                              const float* topk_w, int num_tokens, const void* w1, const float* w1_rs,
                                              const void* w2, const float* w2_rs, int intermediate, void* l1_q,
                                              float* l1_s, void* y, int block_n, float activation_clamp, int pow2,
-                                             void* local_base, cudaStream_t stream) {
+                                             void* local_base, int* gemm_err, cudaStream_t stream) {
   using namespace megamoe;
   if (!layout || layout->version != SYMM_LAYOUT_VERSION) return MOE_ELAYOUT;
   const SymmLayout& L = *layout;
@@ -430,11 +359,12 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
   p.host_err = host_err;
   p.timeout_ns = uint64_t(timeout_ns);
   constexpr int small_dedup = 1;  // symm_comm's dispatch default
-  p.d = symm::DispatchArgs{x_q, x_s, topk_idx, topk_w, num_tokens, 0, 0, 0, small_dedup};
+  p.d = symm::DispatchArgs{x_q, x_s, topk_idx, topk_w, num_tokens, 0, 0, small_dedup};
   const bool dedup_sent = L.topk > 0 && 32 % L.topk == 0;
   p.dedup = !((int64_t)num_tokens * L.topk <= (dedup_sent ? symm::kPlainPullMaxIds : symm::kMetaWarpMaxIds));
   p.idx_bytes = idx_bytes;
   p.grid_words = grid_words;
+  p.gemm_err = gemm_err;
   const uint64_t base = reinterpret_cast<uint64_t>(local_base);
   const int* offs = reinterpret_cast<const int*>(base + L.off_exp_offsets);
   const int* cnts = reinterpret_cast<const int*>(base + L.off_exp_counts);

@@ -35,7 +35,8 @@ MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uint64_t* peer
                                   const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens,
                                   const void* w1, const float* w1_rs, const void* w2, const float* w2_rs,
                                   int intermediate, void* l1_q, float* l1_s, void* y, int block_n,
-                                  float activation_clamp, int pow2, void* local_base, cudaStream_t stream);
+                                  float activation_clamp, int pow2, void* local_base, int* gemm_err,
+                                  cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

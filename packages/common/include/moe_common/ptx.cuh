@@ -172,6 +172,13 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 }
 
 // Generic-proxy writes to shared memory -> later reads by the async proxy (wgmma, TMA store).
+// Generic-proxy global writes (other threads', acquired through a barrier) before this thread's
+// async-proxy (TMA) reads of the same global memory.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+// An mbarrier's shared memory is reused (a new pipeline over it): mbarrier.init over a live barrier is undefined.
+__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -87,6 +87,14 @@ MOE_LAYOUT_HD int moe_layout_compute(MoeLayout* M, const SymmLayout* S, int inte
   return 0;
 }
 
+#ifdef __cplusplus
+namespace moe {
+// The fused kernel's grid-barrier words (symm_comm's grid_barrier_gpu, one u32 each, rank-local, zero at
+// creation and after a resync). Python reads this line.
+static constexpr int kGridWords = 4;
+}  // namespace moe
+#endif
+
 #if defined(__CUDACC__) || defined(MOE_HOST_ACCESSORS)
 namespace moe {
 // Named accessors: the only way into the regions (base: this rank's buffer).

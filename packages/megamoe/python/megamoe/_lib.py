@@ -11,18 +11,23 @@ c_i64, c_int, c_vp, c_f = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.
 LIB = NativeLib("megamoe", Path(__file__).parent, {
     "megamoe_error_string": ([c_int], ctypes.c_char_p),
     "megamoe_abi_version": ([], c_int),
-    # layout, peers, host_err, timeout_ns, num_sms, grid_words, x_q, x_s, topk_idx, idx_bytes, topk_w, T,
-    # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, stream
+    # layout, peers, host_err, timeout_ns, num_sms, grid_words (kGridWords u32), x_q, x_s, topk_idx, idx_bytes, topk_w, T,
+    # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, gemm_err, stream
     "megamoe_fused_forward": ([c_vp, c_vp, c_vp, c_i64, c_int, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_int,
-                               c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp], c_int),
+                               c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp, c_vp], c_int),
 }, error_fn="megamoe_error_string")
 ABI_VERSION = 1  # csrc/fused.cu megamoe_abi_version
 
 
-def grid_barriers() -> int:
-    """kGridBarriers of include/megamoe/grid_barrier.cuh (the header is the one definition)."""
+def grid_words() -> int:
+    """kGridWords of include/megamoe/layout.cuh (the header is the one definition)."""
     from ._native import header_constants, package_header
-    return header_constants(package_header(Path(__file__).parent, "megamoe/grid_barrier.cuh"))["kGridBarriers"]
+    return header_constants(package_header(Path(__file__).parent, "megamoe/layout.cuh"))["kGridWords"]
+
+# The fused kernel's own waits in the buffer's error record (csrc/megamoe_api.h MOE_PHASE_GRID0 + barrier).
+PHASES = {64: "fused kernel: grid barrier after the dispatch (this rank's CTAs)",
+          65: "fused kernel: grid barrier after the L1 GEMM (this rank's CTAs)",
+          66: "fused kernel: grid barrier after the L2 GEMM (this rank's CTAs)"}
 
 _abi_ok: set = set()
 

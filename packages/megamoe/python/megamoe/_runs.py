@@ -70,11 +70,11 @@ def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens:
     (the layer stays registered for its custom op until destroyed). The last two may be None."""
     per_rank = shape.E // world
     experts = range(rank * per_rank, (rank + 1) * per_rank)
-    if backend == "staged":
+    if backend in ("staged", "fused", "auto"):
         from . import ExpertWeights, MegaMoE
         from .baselines import make_fp4_experts
         tw1, tw2 = make_fp4_experts(per_rank, shape.H, shape.I, device=device, seed=seed)
-        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, topk=shape.K, backend="staged")
+        kwargs = dict(group=group, max_tokens_per_rank=max_tokens, topk=shape.K, backend=backend)
         layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
         del tw1, tw2
         layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream
@@ -141,7 +141,7 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
                     elif not capturable:
                         row["note"] += "eager only (host-known all_to_all splits)"
                     del sets, fns
-                    if backend == "staged" and capturable and not cfg["no_graph"]:
+                    if backend in ("staged", "fused", "auto") and capturable and not cfg["no_graph"]:
                         # the same two expert GEMMs alone, on the pool the last call left (same tiles, same
                         # rows): what the layer's quantise + dispatch + combine cost on top of them
                         row["gemm_s"] = _timing.time_cuda_graph([lambda: call._expert_gemms(T)], warmup=cfg["warmup"],

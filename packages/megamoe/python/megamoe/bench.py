@@ -45,7 +45,7 @@ __all__ = ["PRESETS", "DEFAULT_PEAKS", "Shape", "RankCost", "count_flops", "hbm_
 
 # --- backends -------------------------------------------------------------------------------------
 
-NOT_BUILT = ("fused", "auto")
+LAYER_BACKENDS = ("staged", "fused", "auto")  # megamoe.MegaMoE(backend=...)
 GPU_TOKENS, CPU_TOKENS = (1, 16, 128, 512, 2048, 8192), (1, 16, 128)
 NO_GPU = "n/a (no GPU)"
 
@@ -53,6 +53,14 @@ NO_GPU = "n/a (no GPU)"
 def kernels_available() -> bool:
     try:
         from fp4_gemm._lib import LIB
+        return LIB.available()
+    except Exception:
+        return False
+
+
+def fused_available() -> bool:
+    try:
+        from ._lib import LIB
         return LIB.available()
     except Exception:
         return False
@@ -86,17 +94,16 @@ def check_backends(backends: list[str], cuda: bool) -> dict[str, str]:
     for b in backends:
         if b not in BACKENDS:
             raise ValueError(f"--backend: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
-        if b in NOT_BUILT:
-            raise ValueError(f"--backend: backend '{b}' is not built yet (available: reference, staged, "
-                             f"{', '.join(TORCH_BASELINES)})")
-        if b == "staged":
+        if b in LAYER_BACKENDS:
             if not cuda:
-                raise ValueError("--backend staged needs a CUDA GPU")
+                raise ValueError(f"--backend {b} needs a CUDA GPU")
             if not kernels_available():
                 left_out[b] = ("the CUDA kernels are not built or not found (set MEGAMOE_LIB_DIR=<build>/lib or "
                                "pip install . with nvcc)")
             elif not layer_available():
                 left_out[b] = "megamoe.MegaMoE is not in this checkout"
+            elif b != "staged" and not fused_available():
+                left_out[b] = "libmegamoe.so (the fused kernel) is not built or not found"
         if b in TORCH_BASELINES and not cuda:
             raise ValueError(f"--backend {b} needs a CUDA GPU (torch grouped GEMMs)")
     if "reference" in backends and len(backends) > 1:

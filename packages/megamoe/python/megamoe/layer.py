@@ -117,9 +117,11 @@ class MegaMoE(torch.nn.Module):
                 from . import _lib
                 _lib.require_abi()  # before anything is allocated: a missing libmegamoe.so names itself
                 self._mlib = _lib.LIB
-                # the fused kernel's rank-local grid-barrier words (include/megamoe/grid_barrier.cuh: two
-                # rows of kGridBarriers, zero at creation, kept consistent by the kernel itself)
-                self._grid_words = torch.zeros(2 * _lib.grid_barriers(), dtype=torch.int32, device=self.device)
+                from symm_comm.errors import register_phases
+                register_phases(_lib.PHASES)
+                # the fused kernel's rank-local grid-barrier words (include/megamoe/layout.cuh kGridWords:
+                # zero at creation and after resync(); the kernel keeps them consistent otherwise)
+                self._grid_words = torch.zeros(_lib.grid_words(), dtype=torch.int32, device=self.device)
             P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
             self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
@@ -201,7 +203,8 @@ class MegaMoE(torch.nn.Module):
                             topk_w.data_ptr() or None, T, self.w1.packed.data_ptr(), self.w1.row_scale.data_ptr(),
                             self.w2.packed.data_ptr(), self.w2.row_scale.data_ptr(), self.intermediate,
                             self._aq.data_ptr(), self._a_s.data_ptr(), y.data_ptr() or None, self._block_n(T),
-                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(), stream)
+                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(),
+                            self._ops.error_word(self.device).data_ptr(), stream)
 
         self.buffer.run_fused(launch, xq)
         return y

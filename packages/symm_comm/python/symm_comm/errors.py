@@ -39,6 +39,15 @@ PHASES = {1: "dispatch phase A (scan, metadata to the owners)", 2: "dispatch met
           12: "grid barrier between a fused kernel's phases"}
 
 
+def register_phases(phases: dict) -> None:
+    """Phase names of a kernel that reports into a buffer's error record with its own phase numbers
+    (megamoe's fused kernel: 64 + its grid barrier); symm_comm's own numbers cannot be redefined."""
+    for k, v in phases.items():
+        if PHASES.get(k, v) != v:
+            raise ValueError(f"phase {k} is already {PHASES[k]!r}")
+        PHASES[k] = v
+
+
 def describe(words) -> str:
     code, rank, phase, what, detail, epoch = (int(w) for w in words[:6])
     ph = PHASES.get(phase, f"phase {phase}")
