@@ -29,7 +29,8 @@ struct Params {
   fp4_gemm::WeightOperand w;
   fp4_gemm::L1Args l1;
   moe::WavePlan plan;
-  int* err;
+  moe::ErrSink err;
+  uint64_t timeout_ns;
 };
 
 __global__ void __launch_bounds__(kThreads, 1) fused_compose_check(const __grid_constant__ CUtensorMap tmap,
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_compose_check(const __grid_
           acc, p.w.row_scale + int64_t(t.group) * p.pb.n, p.l1, p.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg,
           sm.epilogue(), sm.l1_scales(), sm.stash(), sm.store_tile(0), kL1Barrier);
     };
-    fp4_gemm::mma_stream_regs<Cfg>(sm, p.pb, p.w, sched, wg, tid_in_wg, p.err, epilogue);
+    fp4_gemm::mma_stream_regs<Cfg>(sm, p.pb, p.w, sched, wg, tid_in_wg, p.err, p.timeout_ns, epilogue);
   }
   (void)tmap;
 }
