@@ -28,8 +28,7 @@ struct ErrSink {
 // claim_error is the CUDA builtin (relaxed, gpu scope, like the wrapper) so that it carries no asm
 // "memory" clobber into a hot loop (the 128-token fp4_gemm loop spilled with it).
 __device__ __forceinline__ bool claim_error(const ErrSink& s, int code) { return atomicCAS(s.dev, 0, code) == 0; }
-__device__ __forceinline__ void fill_error(const ErrSink& s, int phase, int what, int detail) {
-  const int32_t code = s.dev[0];
+__device__ __forceinline__ void fill_error(const ErrSink& s, int code, int phase, int what, int detail) {
   s.dev[1] = s.rank;
   s.dev[2] = phase;
   s.dev[3] = what;
@@ -47,7 +46,7 @@ __device__ __forceinline__ void fill_error(const ErrSink& s, int phase, int what
   }
 }
 __device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {
-  if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) == 0) fill_error(s, phase, what, detail);  // first error wins
+  if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) == 0) fill_error(s, code, phase, what, detail);  // first error wins
 }
 #endif  // __CUDACC__
 }  // namespace moe
