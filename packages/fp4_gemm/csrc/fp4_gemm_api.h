@@ -32,23 +32,27 @@ FP4G_API int fp4g_quantize_fp8(const void* x, void* q, float* scales, int64_t T,
 //    (min with its segment): rows past them (e.g. a dispatch pool's padding) are neither read nor written;
 //  layout 1 (masked): x [G, max_m, k] (rows = G * max_m), group_sizes = int32 [G] valid rows.
 //  x_scales: FP32 [rows, k / 128]. block_n: token tile (8, 16, 32, 64, 128). num_sms <= 0: all.
-//  err: int32 device word, 0 on entry; non-zero after the kernel means a pipeline timeout.
+//  err: int32 [8] device words (moe_common/errors.cuh: code, rank, phase, what, detail, epoch, 0, 0),
+//    zero on entry; a non-zero code after the kernel is the first error (fp4_gemm/errors.cuh).
+//  timeout_ns > 0: limit of each pipeline wait (then the error above, and the kernel returns).
 FP4G_API int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
                                     const float* row_scale, const int* group_sizes, const int* group_counts, void* out,
                                     int layout, int num_groups, int64_t rows, int max_m, int n, int k,
-                                    int block_n, int num_sms, int* err, cudaStream_t stream);
+                                    int block_n, int num_sms, int32_t* err, int64_t timeout_ns,
+                                    cudaStream_t stream);
 
 // Grouped GEMM with the L1 (SwiGLU) epilogue over gate/up-interleaved W1 (n = 2I rows):
 // out_q E4M3 [rows, n / 2] = a / scale with a = silu(min(g, c)) * clamp(u, -c, c) * topk_w[row],
 // out_s FP32 [rows, n / 256]: one scale per token per 128 intermediate channels (layout.cuh
 // kScaleGroup: the L2 GEMM's x_scales as they stand); n % 256 == 0, out_q 16-byte aligned.
 // activation_clamp c >= 0 (INFINITY: none); pow2_scales rounds scales up to powers of two.
+// err, timeout_ns: as fp4g_grouped_gemm_bf16.
 FP4G_API int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const void* w_packed,
                                   const float* row_scale, const int* group_sizes, const int* group_counts,
                                   const float* topk_w,
                                   void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
                                   int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
-                                  int* err, cudaStream_t stream);
+                                  int32_t* err, int64_t timeout_ns, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

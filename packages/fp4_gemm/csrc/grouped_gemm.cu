@@ -44,7 +44,8 @@ struct GemmArgs {
   TokenOperand x;
   __nv_bfloat16* out;  // BF16 epilogue: [rows][n]
   L1Args l1;           // L1 epilogue
-  int* err;
+  int32_t* err;        // moe::kErrWords device words (no host mirror, rank or epoch: a standalone GEMM)
+  uint64_t timeout_ns;  // per pipeline wait (the host's limit: a stuck pipeline, not a slow one)
 };
 
 enum class Epilogue { kBF16, kL1 };
@@ -64,9 +65,10 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   extern __shared__ __align__(1024) uint8_t smem[];
   SmemView<Cfg> sm{smem};
   const int tid = threadIdx.x;
+  const ErrSink err{args.err, nullptr, 0, 0};
   // (The same in every CTA of a cluster, so a cluster's CTAs all leave here or none does.)
   if (ptx::smem_addr(smem) % 1024 != 0) {
-    if (tid == 0) report_error(args.err, kErrSmemAlign);
+    if (tid == 0) report_error(err, Err::kSmemAlign, Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
     return;
   }
   init_pipeline(sm, tid, kThreads);
@@ -97,7 +99,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     bool ok = true;
     while (ok && sched.next(t))
       for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
-        ok = produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, args.err, cta_rank);
+        ok = produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, err, args.timeout_ns, cta_rank);
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
@@ -118,13 +120,13 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
       }
     };
     if constexpr (Cfg::kPath == WeightPath::kRegs) {
-      mma_stream_regs<Cfg>(sm, args.pb, args.w, sched, wg, tid_in_wg, args.err, epilogue);
+      mma_stream_regs<Cfg>(sm, args.pb, args.w, sched, wg, tid_in_wg, err, args.timeout_ns, epilogue);
     } else {
       float acc[Cfg::kAccRegs];
       bool ok = true;
       while (ok && sched.next(t))
         for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
-          ok = mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, args.err);
+          ok = mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, err, args.timeout_ns);
           if (ok) epilogue(t, acc, 0);
         }
     }
@@ -242,7 +244,7 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
 }
 
 GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row_scale, const int* group_sizes,
-                   const int* group_counts, int layout, int* err) {
+                   const int* group_counts, int layout, int32_t* err, int64_t timeout_ns) {
   GemmArgs a{};
   a.pb.group_offsets = layout == int(GroupLayout::kContiguous) ? group_sizes : nullptr;
   a.pb.group_counts = layout == int(GroupLayout::kContiguous) ? group_counts : nullptr;
@@ -250,6 +252,7 @@ GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row
   a.w = WeightOperand{static_cast<const uint8_t*>(w_packed), row_scale};
   a.x.scales = x_scales;
   a.err = err;
+  a.timeout_ns = uint64_t(timeout_ns);
   return a;
 }
 
@@ -259,9 +262,11 @@ GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row
 extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
                                       const float* row_scale, const int* group_sizes, const int* group_counts, void* out,
                                       int layout, int num_groups, int64_t rows, int max_m, int n, int k,
-                                      int block_n, int num_sms, int* err, cudaStream_t stream) {
+                                      int block_n, int num_sms, int32_t* err, int64_t timeout_ns,
+                                      cudaStream_t stream) {
   using namespace fp4_gemm;
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err);
+  if (timeout_ns <= 0) return FP4G_EINVAL;
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err, timeout_ns);
   a.out = static_cast<__nv_bfloat16*>(out);
   return run_grouped_gemm<Epilogue::kBF16>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }
@@ -271,10 +276,10 @@ extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const 
                                     const float* topk_w,
                                     void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
                                     int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
-                                    int* err, cudaStream_t stream) {
+                                    int32_t* err, int64_t timeout_ns, cudaStream_t stream) {
   using namespace fp4_gemm;
-  if (!(activation_clamp >= 0.f)) return FP4G_EINVAL;  // also rejects NaN
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err);
+  if (!(activation_clamp >= 0.f) || timeout_ns <= 0) return FP4G_EINVAL;  // also rejects a NaN clamp
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err, timeout_ns);
   a.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};
   return run_grouped_gemm<Epilogue::kL1>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }

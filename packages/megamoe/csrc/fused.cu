@@ -68,7 +68,6 @@ struct FusedParams {
   __nv_bfloat16* l2_out;  // the pull combine's input rows (this rank's cmb_in)
   uint16_t* y;
   uint32_t* grid_words;
-  int* gemm_err;         // fp4_gemm's error word (its pipeline timeouts)
 };
 
 }  // namespace
@@ -83,20 +82,22 @@ namespace {
 template <class Cfg>
 __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                               const fg::GroupedProblem& pb, const fg::WeightOperand& w,
-                                              const fg::TokenOperand& x, const int* table, int* gemm_err) {
+                                              const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
+                                              uint64_t timeout_ns) {
   fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
   fg::Tile t;
   uint32_t iter = 0;
   bool ok = true;
   while (ok && sched.next(t))
     for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
-      ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, threadIdx.x, gemm_err);
+      ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, threadIdx.x, err, timeout_ns);
 }
 
 template <class Cfg, bool kL1Epi>
 __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg::GroupedProblem& pb,
                                            const fg::WeightOperand& w, const fg::L1Args& l1, __nv_bfloat16* out,
-                                           const int* table, int wg, int tid_in_wg, int* gemm_err) {
+                                           const int* table, int wg, int tid_in_wg, const moe::ErrSink& err,
+                                           uint64_t timeout_ns) {
   fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
   auto epilogue = [&](const fg::Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t) {
     const float* row_scale = w.row_scale + int64_t(t.group) * pb.n;
@@ -115,7 +116,7 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
     }
   };
   if constexpr (Cfg::kPath == fg::WeightPath::kRegs) {
-    fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, gemm_err, epilogue);
+    fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, err, timeout_ns, epilogue);
   } else {
     fg::Tile t;
     uint32_t iter = 0;
@@ -123,7 +124,7 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
     bool ok = true;
     while (ok && sched.next(t))
       for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
-        ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, gemm_err);
+        ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, err, timeout_ns);
         if (ok) epilogue(t, acc, 0);
       }
   }
@@ -172,7 +173,8 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   const symm::CallStart cc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
   const moe::ErrSink& err = dc.err;
   if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; the same in every CTA
-    if (blockIdx.x == 0 && tid == 0) fg::report_error(p.gemm_err, fg::kErrSmemAlign);
+    if (blockIdx.x == 0 && tid == 0)
+      moe::report_error(err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
     return;  // every CTA leaves before any wait (the peers time out: a broken build, not a data error)
   }
 
@@ -205,26 +207,26 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
-    if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), p.gemm_err);
+    if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     if (tid == 0) retire_pipeline(sm1);
     __syncthreads();  // (the math threads initialise L2's pipeline here)
     __syncthreads();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
-    if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, p.gemm_err);
+    if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     if (tid == 0) retire_pipeline(sm2);
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, p.gemm_err);
+    if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
     ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     __syncthreads();  // L1's barriers retired
     fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
     __syncthreads();
-    if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, p.gemm_err);
+    if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
@@ -341,7 +343,7 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
                                              const float* topk_w, int num_tokens, const void* w1, const float* w1_rs,
                                              const void* w2, const float* w2_rs, int intermediate, void* l1_q,
                                              float* l1_s, void* y, int block_n, float activation_clamp, int pow2,
-                                             void* local_base, int* gemm_err, cudaStream_t stream) {
+                                             void* local_base, cudaStream_t stream) {
   using namespace megamoe;
   if (!layout || layout->version != SYMM_LAYOUT_VERSION) return MOE_ELAYOUT;
   const SymmLayout& L = *layout;
@@ -364,7 +366,6 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
   p.dedup = !((int64_t)num_tokens * L.topk <= (dedup_sent ? symm::kPlainPullMaxIds : symm::kMetaWarpMaxIds));
   p.idx_bytes = idx_bytes;
   p.grid_words = grid_words;
-  p.gemm_err = gemm_err;
   const uint64_t base = reinterpret_cast<uint64_t>(local_base);
   const int* offs = reinterpret_cast<const int*>(base + L.off_exp_offsets);
   const int* cnts = reinterpret_cast<const int*>(base + L.off_exp_counts);

@@ -29,14 +29,14 @@ MOE_API int megamoe_abi_version(void);
 // dispatch of (x_q, x_s, topk_idx, topk_w) [num_tokens rows] -> L1 (w1, gate/up interleaved, SwiGLU x top-k
 // weight -> l1_q / l1_s, [pool_rows][I] / [pool_rows][I / 128]) -> L2 (w2 -> the buffer's combine input)
 // -> pull combine -> y BF16 [num_tokens][H]. grid_words: 2 x kGridBarriers u32, zero at creation
-// (megamoe/grid_barrier.cuh). Device-side errors go to the buffer's error record (host_err mirror).
+// (megamoe/layout.cuh kGridWords). Device-side errors, the GEMMs' pipeline timeouts included (fp4_gemm's
+// codes 32..), go to the buffer's error record (host_err mirror).
 MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uint64_t* peers, int32_t* host_err, int64_t timeout_ns,
                                   int num_sms, uint32_t* grid_words, const void* x_q, const float* x_s,
                                   const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens,
                                   const void* w1, const float* w1_rs, const void* w2, const float* w2_rs,
                                   int intermediate, void* l1_q, float* l1_s, void* y, int block_n,
-                                  float activation_clamp, int pow2, void* local_base, int* gemm_err,
-                                  cudaStream_t stream);
+                                  float activation_clamp, int pow2, void* local_base, cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

@@ -23,8 +23,12 @@ struct ErrSink {
   uint32_t epoch;
 };
 
-__device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {
-  if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) != 0) return;  // first error wins
+// report_error = claim_error (the CAS: true for the first error) + fill_error (the rest of the record,
+// by the thread that claimed it; a register-bound loop may claim inside and fill after it).
+// claim_error is the CUDA builtin (relaxed, gpu scope, like the wrapper) so that it carries no asm
+// "memory" clobber into a hot loop (the 128-token fp4_gemm loop spilled with it).
+__device__ __forceinline__ bool claim_error(const ErrSink& s, int code) { return atomicCAS(s.dev, 0, code) == 0; }
+__device__ __forceinline__ void fill_error(const ErrSink& s, int code, int phase, int what, int detail) {
   s.dev[1] = s.rank;
   s.dev[2] = phase;
   s.dev[3] = what;
@@ -40,6 +44,9 @@ __device__ __forceinline__ void report_error(const ErrSink& s, int code, int pha
     ptx::st_volatile_s32(s.host + 0, code);
     ptx::fence_acq_rel_sys();
   }
+}
+__device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {
+  if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) == 0) fill_error(s, code, phase, what, detail);  // first error wins
 }
 #endif  // __CUDACC__
 }  // namespace moe

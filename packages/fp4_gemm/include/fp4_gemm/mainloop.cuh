@@ -44,7 +44,7 @@
 //    while the peer may still arrive on its empty barriers. Multicast writes into a CTA are all
 //    counted by its own full barriers, which its math warps waited for (or timed out on).
 //  - Errors: every mbarrier wait keeps its time limit; a CTA that stops (timeout) stops arriving,
-//    so the partner's waits time out too (<= kPipelineTimeoutNs each, at most a few in sequence)
+//    so the partner's waits time out too (<= the host's timeout each, at most a few in sequence)
 //    and both reach the exit cluster barrier: an error is reported, nothing hangs.
 // The functions take all state (shared memory plan, barriers, iteration counter) from the caller,
 // so a fused kernel can run them inside its own warp roles.
@@ -53,6 +53,7 @@
 #include <cuda.h>
 
 #include "fp4_gemm/decode.cuh"
+#include "fp4_gemm/errors.cuh"
 #include "fp4_gemm/layout.cuh"
 #include "fp4_gemm/ptx.cuh"
 #include "fp4_gemm/scheduler.cuh"
@@ -61,14 +62,6 @@
 namespace fp4_gemm {
 
 constexpr int kMathThreads = WL::kMathThreads;
-constexpr uint64_t kPipelineTimeoutNs = 20ull * 1000 * 1000 * 1000;  // 20 s: a stuck pipeline, not a slow one
-
-// Error codes a kernel leaves in its error word (first error wins).
-enum KernelError : int { kErrNone = 0, kErrTimeoutFull = 1, kErrTimeoutEmpty = 2, kErrSmemAlign = 3 };
-
-__device__ __forceinline__ void report_error(int* err, int code) {
-  if (err != nullptr) atomicCAS(err, 0, code);
-}
 
 // Where the math warps read the packed weights from:
 //  - kSmem: the producer bulk-copies each K block's chunk into the stage; the math warps decode it
@@ -244,7 +237,8 @@ template <class Cfg>
 __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                              const WeightOperand& w, const TokenOperand& x,
                                              const GroupedProblem& pb, const Tile& t, uint32_t& iter,
-                                             int ptid, int* err, uint32_t cta_rank = 0) {
+                                             int ptid, const ErrSink& err, uint64_t timeout_ns,
+                                             uint32_t cta_rank = 0) {
   const int k_blocks = pb.k / Cfg::kBlockK;
   const uint8_t* wsrc = tile_weights(w, pb, t);
   // First token row of this CTA's TMA box. Multicast: rank 1's half starts 64 rows in; if that is
@@ -260,8 +254,8 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
     const uint32_t phase = pos.phase;
     // Multicast: empty[s] completes with the peer CTA's arrivals too (CTA-scope acquire suffices:
     // contract at the top of this file).
-    if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, kPipelineTimeoutNs)) {
-      report_error(err, kErrTimeoutEmpty);
+    if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, timeout_ns)) {
+      moe::claim_error(err, Err::kTimeoutEmpty);
       return false;
     }
     if (ptid == 0) {
@@ -467,9 +461,10 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
 }
 
 template <class Cfg>
-__device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, RingPos<Cfg> pos, int* err) {
-  if (ptx::mbar_wait(sm.full(pos.stage), pos.phase, kPipelineTimeoutNs)) return true;
-  report_error(err, kErrTimeoutFull);
+__device__ __forceinline__ bool wait_full(const SmemView<Cfg>& sm, RingPos<Cfg> pos, const ErrSink& err,
+                                          uint64_t timeout_ns) {
+  if (ptx::mbar_wait(sm.full(pos.stage), pos.phase, timeout_ns)) return true;
+  moe::claim_error(err, Err::kTimeoutFull);
   return false;
 }
 
@@ -494,7 +489,7 @@ __device__ __forceinline__ uint32_t scale_offset(int lane) {
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedProblem& pb, int wg,
                                          int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
-                                         int* err) {
+                                         const ErrSink& err, uint64_t timeout_ns) {
   static_assert(Cfg::kPath == WeightPath::kSmem, "the kRegs path runs mma_stream_regs");
   static_assert(Cfg::kBlockN <= 32, "two partial-sum buffers: registers allow up to 32 tokens");
   constexpr int kSteps = WL::kStepsPerBlockK;
@@ -511,7 +506,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
   const uint32_t scale_off = scale_offset<Cfg>(lane);
   uint32_t a0[kSteps][4], a1[kSteps][4];
   RingPos<Cfg> cur = RingPos<Cfg>::at(iter), prev = cur;
-  if (!wait_full(sm, cur, err)) return false;
+  if (!wait_full(sm, cur, err, timeout_ns)) return false;
   decode_stage(sm, cur.stage, off, a0);
 
   // Block kb: `a`, `part`, `sc` are its buffers; `a_next`, `part_prev`, `sc_prev` those of kb-1,
@@ -524,7 +519,7 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
     if (kb > 0) retire_block<Cfg, 1>(sm, prev.stage, lane, a_next, part_prev, sc_prev, acc);
     const RingPos<Cfg> nxt = cur.next();
     if (kb + 1 < k_blocks) {
-      if (!wait_full(sm, nxt, err)) {
+      if (!wait_full(sm, nxt, err, timeout_ns)) {
         ptx::wgmma_wait<0>();
         return false;
       }
@@ -561,7 +556,8 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
 template <class Cfg, class Sched, class Epilogue>
 __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const GroupedProblem& pb,
                                                 const WeightOperand& w, Sched sched,
-                                                int wg, int tid_in_wg, int* err, Epilogue&& epilogue) {
+                                                int wg, int tid_in_wg, const ErrSink& err, uint64_t timeout_ns,
+                                                Epilogue&& epilogue) {
   static_assert(Cfg::kPath == WeightPath::kRegs, "the kSmem path runs mma_tile");
   constexpr int kSteps = WL::kStepsPerBlockK;
   int lane = tid_in_wg % 32;
@@ -634,7 +630,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   // Returns 1 when the CTA's last tile is done, -1 on timeout, 0 otherwise.
   auto kblock = [&](uint32_t (&a)[kSteps][4], uint32_t (&a_next)[kSteps][4], RawFragment& r_next) -> int {
     const int s = pos.stage;
-    if (!wait_full(sm, pos, err)) return -1;
+    if (!wait_full(sm, pos, err, timeout_ns)) return -1;
     issue_block_mma(sm, s, a, part);
     if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
       decode_any(sm, r_next, a_next);

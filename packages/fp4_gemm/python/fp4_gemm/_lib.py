@@ -13,11 +13,11 @@ LIB = NativeLib("fp4_gemm", Path(__file__).parent, {
     "fp4g_abi_version": ([], c_int),
     "fp4g_quantize_fp8": ([c_vp, c_vp, c_vp, c_i64, c_i64, c_i64, c_int, c_vp], c_int),
     "fp4g_grouped_gemm_bf16": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int, c_int,
-                                c_int, c_int, c_vp, c_vp], c_int),
+                                c_int, c_int, c_vp, c_i64, c_vp], c_int),
     "fp4g_grouped_gemm_l1": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int,
-                              c_int, c_int, ctypes.c_float, c_int, c_int, c_vp, c_vp], c_int),
+                              c_int, c_int, ctypes.c_float, c_int, c_int, c_vp, c_i64, c_vp], c_int),
 }, error_fn="fp4g_error_string")
-ABI_VERSION = 2  # csrc/errors.cu fp4g_abi_version: group_counts, L1 scales per 128 channels
+ABI_VERSION = 3  # csrc/errors.cu fp4g_abi_version: the 8-word error record and timeout_ns
 
 
 _abi_ok: set = set()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from . import _arrays as A
 from ._lib import LIB, require_abi
-from ._native import require_cuda_device
+from ._native import header_constants, package_header, require_cuda_device
 from .layout import constants as _constants
 
 # Channels per activation scale (layout.cuh kScaleGroup): the layer input (DeepEP's convention on
@@ -68,6 +68,10 @@ def quantize_fp8_cuda(x, gran: int = SCALE_GROUP, pow2: bool = False, out=None):
 BLOCK_NS = (8, 16, 32, 64, 128)
 _LAYOUT = {"contiguous": 0, "masked": 1}
 _err_words: dict = {}
+ERR_WORDS = 8  # moe_common/errors.cuh kErrWords: code, rank, phase, what, detail, epoch, 0, 0
+# Limit of each pipeline wait inside a GEMM (a stuck pipeline, not a slow one): then the kernel
+# records the error and returns, and check_errors() raises it.
+DEFAULT_TIMEOUT_S = 20.0
 
 
 @dataclass
@@ -112,26 +116,50 @@ def _error_word_for(framework: str, device: int):
     if key not in _err_words:
         if framework == "torch":
             import torch
-            _err_words[key] = torch.zeros(1, dtype=torch.int32, device=f"cuda:{device}")
+            _err_words[key] = torch.zeros(ERR_WORDS, dtype=torch.int32, device=f"cuda:{device}")
         else:
             import cupy
             with cupy.cuda.Device(device):
-                _err_words[key] = cupy.zeros(1, dtype=cupy.int32)
+                _err_words[key] = cupy.zeros(ERR_WORDS, dtype=cupy.int32)
     return _err_words[key]
 
 
-_KERNEL_ERRORS = {1: "a math warpgroup timed out waiting for data (pipeline stalled)",
-                  2: "the producer timed out waiting for a free pipeline stage",
-                  3: "dynamic shared memory was not 1024-byte aligned (nothing computed)"}
+def _error_tables():
+    """(codes, phases): {number: text} from include/fp4_gemm/errors.cuh (the numbers the kernels write)."""
+    from pathlib import Path
+    C = header_constants(package_header(str(Path(__file__).resolve().parent), "fp4_gemm/errors.cuh"))
+    codes = {C["kTimeoutFull"]: "a math warp timed out waiting for a stage's data (pipeline stalled)",
+             C["kTimeoutEmpty"]: "the producer timed out waiting for a free pipeline stage",
+             C["kSmemAlign"]: "dynamic shared memory was not 1024-byte aligned (nothing computed)"}
+    phases = {C["kSetup"]: "setup", C["kProducer"]: "producer", C["kMath"]: "math"}
+    return codes, phases, C
+
+
+def describe_error(words) -> str:
+    """The text of an error record (ERR_WORDS ints as the kernel left them)."""
+    code, _rank, phase, what, _detail = (int(v) for v in words[:5])
+    codes, phases, C = _error_tables()
+    # Timeouts leave the code only (fp4_gemm/errors.cuh): the code names the role.
+    phase = phase or {C["kTimeoutFull"]: C["kMath"], C["kTimeoutEmpty"]: C["kProducer"]}.get(code, 0)
+    msg = f"{codes.get(code, f'code {code}')} (phase {phases.get(phase, phase)}"
+    if code == C["kSmemAlign"]:
+        msg += f", shared address % 1024 = {what}"
+    return msg + ")"
 
 
 def check_errors():
     """Raise if any GEMM launched so far reported a device-side error (synchronises). Clears it."""
     for key, w in _err_words.items():
-        code = int(w[0].item()) if key[0] == "torch" else int(w[0].get())
-        if code:
+        words = w.tolist() if key[0] == "torch" else w.get().tolist()
+        if words[0]:
             w.fill(0)
-            raise RuntimeError(f"fp4_gemm kernel error on device {key[1]}: {_KERNEL_ERRORS.get(code, code)}")
+            raise RuntimeError(f"fp4_gemm kernel error on device {key[1]}: {describe_error(words)}")
+
+
+def _timeout_ns(timeout_s) -> int:
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s}")
+    return int(timeout_s * 1e9)
 
 
 def pick_block_n(expected_m: int) -> int:
@@ -236,7 +264,7 @@ def _output(p: _Problem, out, shape, kinds, name):
 
 
 def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_counts=None, masked_m=None,
-                 block_n=None, out=None):
+                 block_n=None, out=None, timeout_s: float = DEFAULT_TIMEOUT_S):
     """FP8 x MXFP4 grouped GEMM, BF16 output: out[r] = W_g @ (x[r] * scale) for the rows r of group g.
 
     Contiguous: x [M, K] (groups are row segments), group_offsets int32 [G + 1] on the GPU; optional
@@ -245,28 +273,32 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_cou
     Masked:     x [G, max_m, K], masked_m int32 [G] on the GPU (valid rows per group).
     x: FP8 E4M3 (CuPy: uint8), x_scales FP32 [..., K/128]. No host synchronisation.
     out (optional): BF16 [..., N], contiguous, data pointer 16-byte aligned.
+    timeout_s: limit of each pipeline wait; past it the kernel returns and check_errors() raises.
     """
     p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts)
     out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
     if ov.ptr % 16:
         raise ValueError("out: data pointer must be 16-byte aligned (the kernel stores 16-byte row pieces)")
+    tns = _timeout_ns(timeout_s)
     err = A.view(_error_word(p.x), "err")
     with A.device_of(p.x):
         LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
                  p.counts_ptr, ov.ptr,
-                 p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, A.stream_of(p.x))
+                 p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, tns, A.stream_of(p.x))
     return out
 
 
 
 
 def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, group_counts=None, masked_m=None,
-                    activation_clamp: float = float("inf"), pow2: bool = False, block_n=None, out=None):
+                    activation_clamp: float = float("inf"), pow2: bool = False, block_n=None, out=None,
+                    timeout_s: float = DEFAULT_TIMEOUT_S):
     """Grouped GEMM with the L1 epilogue over gate/up-interleaved W1 ([G, 2I, K], I % 128 == 0):
     a = silu(min(gate, c)) * clamp(up, -c, c) * topk_w[row] -> (E4M3 [..., I], FP32 scales
     [..., I / 128]: one per token per 128 channels, a valid x_scales of the L2 GEMM as it stands).
     topk_w: FP32, one per row of x ([M] or [G, max_m]). group_offsets / group_counts / masked_m: as
-    grouped_gemm. out: optional preallocated (q, scales) of those shapes (q 16-byte aligned)."""
+    grouped_gemm. out: optional preallocated (q, scales) of those shapes (q 16-byte aligned).
+    timeout_s: as grouped_gemm."""
     if not w.gate_up_interleave:
         raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
     if not activation_clamp >= 0:
@@ -288,9 +320,10 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
                      "out[1] (scales)")
     if qv.ptr % 16:
         raise ValueError("out[0] (q): data pointer must be 16-byte aligned (16-byte row-piece stores)")
+    tns = _timeout_ns(timeout_s)
     err = A.view(_error_word(p.x), "err")
     with A.device_of(p.x):
         LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
                  p.counts_ptr, tv.ptr, qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n,
-                 float(activation_clamp), int(bool(pow2)), 0, err.ptr, A.stream_of(p.x))
+                 float(activation_clamp), int(bool(pow2)), 0, err.ptr, tns, A.stream_of(p.x))
     return q, s

@@ -203,8 +203,7 @@ class MegaMoE(torch.nn.Module):
                             topk_w.data_ptr() or None, T, self.w1.packed.data_ptr(), self.w1.row_scale.data_ptr(),
                             self.w2.packed.data_ptr(), self.w2.row_scale.data_ptr(), self.intermediate,
                             self._aq.data_ptr(), self._a_s.data_ptr(), y.data_ptr() or None, self._block_n(T),
-                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(),
-                            self._ops.error_word(self.device).data_ptr(), stream)
+                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(), stream)
 
         self.buffer.run_fused(launch, xq)
         return y
