@@ -269,6 +269,9 @@ def test_single_process_buffer_roundtrip():
         n = (idx >= 0).sum(1, keepdim=True).float()
         # sum of n equal BF16-exact rows (FP8 values) from +0: exact; no rows: +0 (not -0 = x * 0)
         ref = torch.where(n > 0, xq.float() * n, torch.zeros_like(n)).bfloat16()
-        assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
+        ne = y.view(torch.int16) != ref.view(torch.int16)
+        assert not bool(ne.any()), (f"{int(ne.sum())} of {ne.numel()} elements differ; tokens "
+                                    f"{ne.any(1).nonzero().flatten().tolist()[:10]} (rows per token "
+                                    f"{n.flatten().int().tolist()}); first: y {y[ne][:4].tolist()} ref {ref[ne][:4].tolist()}, {why(SEED)}")
     finally:
         buf.destroy()
