@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from ._native import KernelsNotBuiltError, NativeLib
+from fp4_gemm._native import KernelsNotBuiltError, NativeLib  # megamoe depends on fp4_gemm: its loader, not a third copy
 
 c_i64, c_int, c_vp, c_f = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 
@@ -21,7 +21,7 @@ ABI_VERSION = 1  # csrc/fused.cu megamoe_abi_version
 
 def grid_words() -> int:
     """kGridWords of include/megamoe/layout.cuh (the header is the one definition)."""
-    from ._native import header_constants, package_header
+    from fp4_gemm._native import header_constants, package_header
     return header_constants(package_header(Path(__file__).parent, "megamoe/layout.cuh"))["kGridWords"]
 
 # The fused kernel's own waits in the buffer's error record (csrc/megamoe_api.h MOE_PHASE_GRID0 + barrier).
