@@ -1,5 +1,5 @@
-"""A few calls of the staged MoE layer on a small shape, for compute-sanitizer / ncu (no timing).
-Usage: python bench/profile_layer.py [E H I K T]   (default 16 512 256 4 33)"""
+"""A few calls of the MoE layer on a small shape, for compute-sanitizer / ncu (no timing).
+Usage: python bench/profile_layer.py [E H I K T [backend]]   (default 16 512 256 4 33 staged)"""
 from __future__ import annotations
 
 import sys
@@ -12,7 +12,8 @@ from megamoe.reference import make_weights
 
 def main():
     E, H, I, K, T = (int(v) for v in sys.argv[1:6]) if len(sys.argv) > 5 else (16, 512, 256, 4, 33)
-    layer = megamoe.MegaMoE(make_weights(E, H, I, seed=1), max_tokens_per_rank=T, topk=K)
+    backend = sys.argv[6] if len(sys.argv) > 6 else "staged"
+    layer = megamoe.MegaMoE(make_weights(E, H, I, seed=1), max_tokens_per_rank=T, topk=K, backend=backend)
     gen = torch.Generator().manual_seed(2)
     for t in (T, 1, 0, T):
         x = torch.randn(t, H, generator=gen).bfloat16().cuda()
@@ -24,7 +25,7 @@ def main():
         layer.check_errors()
         assert y.shape == (t, H) and bool(torch.isfinite(y.float()).all())
     layer.destroy()
-    print("profile_layer ok")
+    print(f"profile_layer ok ({backend}, E {E} H {H} I {I} K {K} T {T})")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # (nvcc >= 12.8, x86-64 Linux): runs every GPU test, the benchmarks and compute-sanitizer, and
 # writes results under bench/results/ (GPU name, commit, date); with $OUT set, logs and results are
 # copied there too (logs + results.tgz).
-#   scripts/gpu_check.sh [tests] [bench] [sanitize | sanitize-gemm | sanitize-symm]   (default: tests bench)
+#   scripts/gpu_check.sh [tests] [bench] [sanitize | sanitize-gemm | sanitize-symm | sanitize-fused]
+#   (default: tests bench)
 #   env: MEGAMOE_LIB_DIR (default build/lib), MEGAMOE_COMMIT (default: git), PYTEST_ARGS,
 #        STEP_TIMEOUT (seconds per step, default 540)
 # Environment (library folder, nvshmem4py wheel, multicast off, $OUT): scripts/gpu_env.sh.
@@ -41,6 +42,16 @@ for s in "${steps[@]}"; do
           r=$?; rc=$((rc | r)); grep -E "SUMMARY|Error|wrong" "$OUT/sanitize_$tool.log" | tail -2
           echo "sanitize $tool (symm_comm) rc=$r"
         fi
+      done ;;
+    sanitize-fused)
+      # The fused layer at 1 rank: T 33 (8- / 16-token tiles, 2 CTAs per SM) and 512 (128-token tiles).
+      for tool in memcheck racecheck synccheck; do
+        for T_ in 33 512; do
+          timeout "$T" compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 \
+            python3 bench/profile_layer.py 16 512 256 4 $T_ fused >> "$OUT/sanitize_fused_$tool.log" 2>&1
+          r=$?; rc=$((rc | r)); grep -E "SUMMARY|profile_layer" "$OUT/sanitize_fused_$tool.log" | tail -2
+          echo "sanitize $tool (fused, T $T_) rc=$r"
+        done
       done ;;
     *) echo "unknown step $s"; rc=2 ;;
   esac

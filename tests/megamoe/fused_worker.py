@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -151,8 +152,11 @@ def run_all(rank, world, comm, seed, scenarios, res):
     try:
         for name, fn in (("cases", cases), ("back_to_back", back_to_back), ("graph", graph), ("timeout", timeout)):
             if name in scenarios:
+                t0 = time.perf_counter()
                 fn()
                 res["done"].append(name)
+                res.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+                print(f"rank {rank}/{world}: {name} passed in {res['seconds'][name]} s", flush=True)
     finally:
         torch.cuda.synchronize()
         fused.destroy()

@@ -34,4 +34,4 @@ def test_fused_ranks(world):
     for r in res:
         assert set(r["done"]) == set(fused_worker.SCENARIOS), f"rank {r['rank']} finished only {r['done']}"
         print(f"rank {r['rank']} ({r.get('comm_backend')}): {len(r['cases'])} compared scenarios, "
-              f"timeout report: {r.get('timeout_error', '-')}")
+              f"timeout report: {r.get('timeout_error', '-')}, seconds {r.get('seconds')}")

@@ -141,14 +141,22 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
   }
 }
 
+// The calls' starts, kept in shared memory across the GEMM phases: in registers they stayed live through
+// the math warpgroups' mainloops (~26 registers over the standalone kernel's budget, which spilled the
+// 128-token loop). Every thread reads them where it needs them (error paths, grid barriers, the combine).
+struct FusedState {
+  symm::CallStart dc, cc;
+};
+
 // Shared memory: the GEMM phases' plans (one at a time) and, after the larger of them, the L2 problem's
-// unit table (built with L1's before the register split) and the peer table.
+// unit table (built with L1's before the register split), the peer table and the FusedState.
 template <class CL1, class CL2>
 struct FusedSmem {
   static constexpr int kGemmBytes = CL1::kSmemBytes > CL2::kSmemBytes ? CL1::kSmemBytes : CL2::kSmemBytes;
   static constexpr int kTable2Off = (kGemmBytes + 15) / 16 * 16;
   static constexpr int kPeersOff = kTable2Off + fg::kUnitTableBytes;
-  static constexpr int kBytes = kPeersOff + SYMM_MAX_RANKS * 8;
+  static constexpr int kStateOff = kPeersOff + SYMM_MAX_RANKS * 8;
+  static constexpr int kBytes = kStateOff + int(sizeof(FusedState));
   static_assert(kBytes <= 232448 / CL1::kCtasPerSm - (CL1::kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(CL1::kCtasPerSm == CL2::kCtasPerSm && CL1::kBlockN == CL2::kBlockN, "one token tile, one split");
 };
@@ -171,12 +179,13 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // Both ops' starts first (each op runs once per launch: both epochs come from earlier launches).
   const symm::CallStart dc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
   const symm::CallStart cc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
-  const moe::ErrSink& err = dc.err;
   if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; the same in every CTA
     if (blockIdx.x == 0 && tid == 0)
-      moe::report_error(err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
+      moe::report_error(dc.err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);
     return;  // every CTA leaves before any wait (the peers time out: a broken build, not a data error)
   }
+  FusedState* st = reinterpret_cast<FusedState*>(smem + S::kStateOff);
+  if (tid == 0) *st = FusedState{dc, cc};  // read after phase D's CTA barriers
 
   // ---- phase D -----------------------------------------------------------------------------------------
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
@@ -191,7 +200,10 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   symm::end_call(W, dc.local, L, SYMM_OP_DISPATCH, dc.epoch);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
   ptx::fence_proxy_async_smem();
-  bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, dc.deadline, err, MOE_PHASE_GRID0 + kBarPool);
+  // From here on the starts come from shared memory (FusedState), not from dc / cc.
+  const moe::ErrSink& err = st->dc.err;
+  const uint64_t& deadline = st->dc.deadline;
+  bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, deadline, err, MOE_PHASE_GRID0 + kBarPool);
 
   // ---- phases L1, L2 ---------------------------------------------------------------------------------------
   fg::SmemView<CL1> sm1{smem};
@@ -208,13 +220,13 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
     if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     if (tid == 0) retire_pipeline(sm1);
     __syncthreads();  // (the math threads initialise L2's pipeline here)
     __syncthreads();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
     if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     if (tid == 0) retire_pipeline(sm2);
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
@@ -222,19 +234,20 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, dc.deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     __syncthreads();  // L1's barriers retired
     fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
     __syncthreads();
     if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, dc.deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
 
   // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
   // grid barrier 2 (kInKernel: a released signal). The L1 epilogue applied the top-k weights (topk_w null).
-  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, L, s_peers, cc, nullptr, p.y, p.d.num_tokens);
-  symm::combine_end(W, cc.local, L, cc.epoch);
+  const symm::CallStart c = st->cc;
+  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, L, s_peers, c, nullptr, p.y, p.d.num_tokens);
+  symm::combine_end(W, c.local, L, c.epoch);
 }
 
 // ---- host --------------------------------------------------------------------------------------------

@@ -64,7 +64,9 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc)[kBlockN / 2
                            ptx::pack_bf16x2(acc[4 * j + 6] * rs1, acc[4 * j + 7] * rs1));
   }
   ptx::named_barrier(bar_id, 128);
-#pragma unroll
+  // Not unrolled: inside the mainloop's epilogue call the loop's prefetched fragments are live, and the
+  // unrolled copy-out (all its 16-byte loads hoisted) spilled the 128-token loop in the fused kernel.
+#pragma unroll 1
   for (int i = tid_in_wg; i < kBlockN * kChunksPerRow; i += 128) {
     const int tok = i / kChunksPerRow, c = i % kChunksPerRow;
     if (tok < rows) {
@@ -205,7 +207,7 @@ __device__ __forceinline__ void store_l1_pair(const float (&acc)[kBlockN / 2], c
   if constexpr (kStaged) {
     ptx::named_barrier(bar_id, WL::kMathThreads);  // 3
     constexpr int kChunks = kL1ScaleGroup / 16;  // 16-byte pieces of a token's 128 channels
-#pragma unroll
+#pragma unroll 1  // (as store_bf16_staged's copy-out)
     for (int i = tid_m; i < kBlockN * kChunks; i += WL::kMathThreads) {
       const int tok = i / kChunks, c = i % kChunks;
       if (tok < rows) {

@@ -427,14 +427,14 @@ __device__ __forceinline__ uint32_t empty_release_addr(const SmemView<Cfg>& sm, 
   }
 }
 
-// Waits until at most kPending wgmma groups are in flight (so stage s's group is done), releases
-// stage s to the producer(s), promotes: acc += part * scale. Multicast: `empty_cl` is
-// empty_release_addr(sm, lane); the warp arrives on empty[s] of every CTA of the cluster.
+// retire_block = wait_block_mma + release_stage + promote: waits until at most kPending wgmma groups
+// are in flight (so stage s's group is done), releases stage s to the producer(s), promotes: acc +=
+// part * scale. Multicast: `empty_cl` is empty_release_addr(sm, lane); the warp arrives on empty[s]
+// of every CTA of the cluster. The parts are separate so a loop can read stage s's token scales
+// between the wait and the release (the kRegs loop: fewer registers live across the wait).
 template <class Cfg, int kPending = 0>
-__device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int lane,
-                                             const uint32_t (&a)[WL::kStepsPerBlockK][4], float (&part)[Cfg::kAccRegs],
-                                             const float (&scale)[Cfg::kBlockN / 4], float (&acc)[Cfg::kAccRegs],
-                                             uint32_t empty_cl = 0) {
+__device__ __forceinline__ void wait_block_mma(const uint32_t (&a)[WL::kStepsPerBlockK][4],
+                                               float (&part)[Cfg::kAccRegs]) {
   ptx::wgmma_wait<kPending>();
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(part[i]);
@@ -443,7 +443,11 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
   for (int st = 0; st < WL::kStepsPerBlockK; ++st)
 #pragma unroll
     for (int r = 0; r < 4; ++r) ptx::fence_operand(const_cast<uint32_t&>(a[st][r]));
-  // Every lane's wgmma reads of stage s completed at the wait above, before lane 0 arrives.
+}
+
+template <class Cfg>
+__device__ __forceinline__ void release_stage(const SmemView<Cfg>& sm, int s, int lane, uint32_t empty_cl) {
+  // Every lane's wgmma reads (and scale reads) of stage s completed above, before lane 0 arrives.
   __syncwarp();
   if constexpr (Cfg::kMulticast) {
     // Lane r releases the stage in rank r: both producers' multicasts write into this CTA's stage.
@@ -451,6 +455,11 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
   } else {
     if (lane == 0) ptx::mbar_arrive(sm.empty(s));
   }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void promote(const float (&part)[Cfg::kAccRegs], const float (&scale)[Cfg::kBlockN / 4],
+                                        float (&acc)[Cfg::kAccRegs]) {
 #pragma unroll
   for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
     acc[4 * j + 0] = fmaf(part[4 * j + 0], scale[2 * j], acc[4 * j + 0]);
@@ -458,6 +467,16 @@ __device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int
     acc[4 * j + 2] = fmaf(part[4 * j + 2], scale[2 * j], acc[4 * j + 2]);
     acc[4 * j + 3] = fmaf(part[4 * j + 3], scale[2 * j + 1], acc[4 * j + 3]);
   }
+}
+
+template <class Cfg, int kPending = 0>
+__device__ __forceinline__ void retire_block(const SmemView<Cfg>& sm, int s, int lane,
+                                             const uint32_t (&a)[WL::kStepsPerBlockK][4], float (&part)[Cfg::kAccRegs],
+                                             const float (&scale)[Cfg::kBlockN / 4], float (&acc)[Cfg::kAccRegs],
+                                             uint32_t empty_cl = 0) {
+  wait_block_mma<Cfg, kPending>(a, part);
+  release_stage(sm, s, lane, empty_cl);
+  promote<Cfg>(part, scale, acc);
 }
 
 template <class Cfg>
@@ -636,12 +655,14 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
       decode_any(sm, r_next, a_next);
       load_next(r_next);          // flat block iter + 3
     }
-    // The scales are needed only by the promotion: loaded after the decode so the decode does not
-    // wait for them (they shared a scoreboard with the decode's inputs).
-    ptx::compiler_barrier();
+    // The scales are needed only by the promotion: read after the wgmma wait (the decode does not
+    // wait for them, and a[]'s 16 registers are free by then: the 128-token loop spilled with the
+    // scales live across the wait) and before the stage is released.
+    wait_block_mma<Cfg>(a, part);
     float scale[Cfg::kBlockN / 4];
     load_token_scales(sm, s, scale_off, scale);
-    retire_block(sm, s, lane, a, part, scale, acc, empty_cl);
+    release_stage(sm, s, lane, empty_cl);
+    promote<Cfg>(part, scale, acc);
     ++iter;
     pos = pos.next();
     if (++kb == k_blocks && !end_tile()) return 1;
