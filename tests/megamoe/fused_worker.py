@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -133,7 +134,8 @@ def run_all(rank, world, comm, seed, scenarios, res):
                 raise AssertionError("rank 0: a call that rank 1 never entered did not time out")
             except SymmTimeoutError as e:
                 msg = str(e)
-                assert "rank" in msg and "phase" in msg, msg
+                # names the rank and the phase ("symm_comm: rank 0: timed out in dispatch cross-rank barrier ...")
+                assert "rank 0" in msg and "dispatch" in msg and "timed out" in msg, msg
                 res["timeout_error"] = msg
                 print(f"rank 0 timeout report: {msg}", flush=True)
         torch.cuda.synchronize()
@@ -149,6 +151,7 @@ def run_all(rank, world, comm, seed, scenarios, res):
         short.destroy()
         res["cases"]["after_timeout"] = 16
 
+    failed = False
     try:
         for name, fn in (("cases", cases), ("back_to_back", back_to_back), ("graph", graph), ("timeout", timeout)):
             if name in scenarios:
@@ -157,10 +160,15 @@ def run_all(rank, world, comm, seed, scenarios, res):
                 res["done"].append(name)
                 res.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
                 print(f"rank {rank}/{world}: {name} passed in {res['seconds'][name]} s", flush=True)
+    except BaseException:
+        failed = True
+        print(f"rank {rank}/{world} FAILED:\n{traceback.format_exc()}", flush=True)
+        raise
     finally:
-        torch.cuda.synchronize()
-        fused.destroy()
-        staged.destroy()
+        if not failed:  # destroy is collective: after a failure the other ranks may never reach it
+            torch.cuda.synchronize()
+            fused.destroy()
+            staged.destroy()
 
 
 def _worker(rank, world, port, seed, scenarios, outdir):

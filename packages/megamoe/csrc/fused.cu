@@ -214,19 +214,22 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
   __syncthreads();
   // The roles keep their register budgets until the combine: every CTA barrier and grid barrier below is
-  // reached from inside both branches (bar 0 counts threads, not code locations), so ptxas sees one budget
-  // per region.
+  // reached from inside both branches, so ptxas sees one budget per region. Those barriers are therefore
+  // met at different code locations: barrier.sync without .aligned (Wr, cta_sync_roles).
+  symm::Workers Wr = W;
+  Wr.any_pc = true;
+  const auto cta_sync_roles = [] { ptx::barrier_sync_any(0, kThreads); };
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
     if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     if (tid == 0) retire_pipeline(sm1);
-    __syncthreads();  // (the math threads initialise L2's pipeline here)
-    __syncthreads();
+    cta_sync_roles();  // (the math threads initialise L2's pipeline here)
+    cta_sync_roles();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
     if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     if (tid == 0) retire_pipeline(sm2);
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
@@ -234,12 +237,12 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
-    __syncthreads();  // L1's barriers retired
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    cta_sync_roles();  // L1's barriers retired
     fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
-    __syncthreads();
+    cta_sync_roles();
     if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(W, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
 

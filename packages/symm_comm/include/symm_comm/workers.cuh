@@ -21,6 +21,7 @@ struct Workers {
   int group;    // group index in the grid (groups do the same job on different data)
   int ngroups;  // groups in the grid
   int bar_id;   // named barrier of the group (0 with nwarps * 32 == blockDim.x: __syncthreads)
+  bool any_pc;  // the threads may reach the group's barriers from different code locations (not .aligned)
 
   __device__ __forceinline__ int tid() const { return warp * 32 + lane; }
   __device__ __forceinline__ int nthreads() const { return nwarps * 32; }
@@ -31,13 +32,15 @@ struct Workers {
   // bar_id 0 is the whole CTA (bar.sync 0 without a count, what __syncthreads emits); a constant in
   // every caller (Workers::cta(), the fused kernel's list), so the branch folds away.
   __device__ __forceinline__ void sync() const {
-    if (bar_id == 0) __syncthreads();
+    if (any_pc) ptx::barrier_sync_any(bar_id, nwarps * 32);
+    else if (bar_id == 0) __syncthreads();
     else ptx::named_barrier(bar_id, nwarps * 32);
   }
   // Group barrier that returns the AND of pred over the group's threads (bar.red.and).
   __device__ __forceinline__ bool sync_and(bool pred) const {
+    if (any_pc) return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
     if (bar_id == 0) return __syncthreads_and(pred) != 0;
-    return named_barrier_and(bar_id, nwarps * 32, pred);
+    return ptx::named_barrier_and(bar_id, nwarps * 32, pred);
   }
   __device__ __forceinline__ bool leader() const { return warp == 0 && lane == 0; }
 
@@ -50,6 +53,7 @@ struct Workers {
     w.group = blockIdx.x;
     w.ngroups = gridDim.x;
     w.bar_id = 0;
+    w.any_pc = false;
     return w;
   }
 };
