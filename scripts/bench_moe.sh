@@ -22,5 +22,5 @@ timeout "${BENCH_TIMEOUT:-290}" python3 -m megamoe.bench --backend "$BACKENDS" -
 echo "megamoe-bench rc=$rc in $(( $(date +%s) - start )) s"
 grep -E "^\||^peaks|^time|^floor|^target|^wrote|^megamoe-bench" "$OUT/bench_moe.log" | head -80
 grep -E "^\[megamoe-bench\]|Error|Traceback" "$OUT/bench_moe.err" | tail -60
-cp bench/results/moe-* "$OUT/" 2>/dev/null
+cp bench/results/moe-*"$MEGAMOE_COMMIT"* "$OUT/" 2>/dev/null  # this run's files only (the copy-back limits the file count)
 exit $rc

@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   const SymmLayout& L = p.L;
   // Both ops' starts first (each op runs once per launch: both epochs come from earlier launches).
   const symm::CallStart dc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
+  W.sync();  // every read of s_peers by the first begin_call before the second one's load_peers rewrites it
   const symm::CallStart cc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
   if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; the same in every CTA
     if (blockIdx.x == 0 && tid == 0)
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // met at different code locations: barrier.sync without .aligned (Wr, cta_sync_roles).
   symm::Workers Wr = W;
   Wr.any_pc = true;
-  const auto cta_sync_roles = [] { ptx::barrier_sync_any(0, kThreads); };
+  const auto cta_sync_roles = [&Wr] { Wr.sync(); };
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote

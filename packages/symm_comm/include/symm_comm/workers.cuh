@@ -32,13 +32,18 @@ struct Workers {
   // bar_id 0 is the whole CTA (bar.sync 0 without a count, what __syncthreads emits); a constant in
   // every caller (Workers::cta(), the fused kernel's list), so the branch folds away.
   __device__ __forceinline__ void sync() const {
-    if (any_pc) ptx::barrier_sync_any(bar_id, nwarps * 32);
-    else if (bar_id == 0) __syncthreads();
+    if (any_pc) {
+      __syncwarp();  // arrive as whole warps (a role's lanes may leave its loops apart; synccheck)
+      ptx::barrier_sync_any(bar_id, nwarps * 32);
+    } else if (bar_id == 0) __syncthreads();
     else ptx::named_barrier(bar_id, nwarps * 32);
   }
   // Group barrier that returns the AND of pred over the group's threads (bar.red.and).
   __device__ __forceinline__ bool sync_and(bool pred) const {
-    if (any_pc) return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
+    if (any_pc) {
+      __syncwarp();
+      return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
+    }
     if (bar_id == 0) return __syncthreads_and(pred) != 0;
     return ptx::named_barrier_and(bar_id, nwarps * 32, pred);
   }
