@@ -216,18 +216,17 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   __syncthreads();
   // The roles keep their register budgets until the combine: every CTA barrier and grid barrier below is
   // reached from inside both branches, so ptxas sees one budget per region. Those barriers are therefore
-  // met at different code locations: barrier.sync without .aligned (Wr, cta_sync_roles).
+  // met at different code locations: barrier.sync without .aligned (Wr).
   symm::Workers Wr = W;
   Wr.any_pc = true;
-  const auto cta_sync_roles = [&Wr] { Wr.sync(); };
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
     if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
     if (tid == 0) retire_pipeline(sm1);
-    cta_sync_roles();  // (the math threads initialise L2's pipeline here)
-    cta_sync_roles();
+    Wr.sync();  // (the math threads initialise L2's pipeline here)
+    Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
     if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
@@ -239,9 +238,9 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
-    cta_sync_roles();  // L1's barriers retired
+    Wr.sync();  // L1's barriers retired
     fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
-    cta_sync_roles();
+    Wr.sync();
     if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();

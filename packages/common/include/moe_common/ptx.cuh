@@ -408,26 +408,16 @@ SYMM_DEV void named_barrier(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// bar.red.and.pred on barrier `id` among `threads` threads (a multiple of 32): every participant's
-// earlier memory operations are ordered before every participant's later ones (as bar.sync), and each
-// gets the AND of all their predicates (id 0 with the whole CTA is __syncthreads_and).
-SYMM_DEV bool named_barrier_and(uint32_t id, uint32_t threads, bool pred) {
-  uint32_t out;
-  asm volatile(
-      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.and.pred q, %2, %3, p;\n\t"
-      "selp.u32 %0, 1, 0, q;\n\t}"
-      : "=r"(out)
-      : "r"((uint32_t)pred), "r"(id), "r"(threads)
-      : "memory");
-  return out != 0;
-}
-
-// The same two without .aligned, for a barrier its participants reach from DIFFERENT code locations
+// barrier.sync without .aligned, for a barrier its participants reach from DIFFERENT code locations
 // (a fused kernel's role branches, each with its own register budget, meeting at one CTA barrier):
 // .aligned requires one instruction for all of them (compute-sanitizer synccheck reports otherwise).
 SYMM_DEV void barrier_sync_any(uint32_t id, uint32_t threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// barrier.red.and.pred (not .aligned) on barrier `id` among `threads` threads (a multiple of 32): every
+// participant's earlier memory operations are ordered before every participant's later ones (as
+// barrier.sync), and each gets the AND of all their predicates (id 0 with the whole CTA and one code
+// location: __syncthreads_and).
 SYMM_DEV bool barrier_and_any(uint32_t id, uint32_t threads, bool pred) {
   uint32_t out;
   asm volatile(

@@ -38,14 +38,12 @@ struct Workers {
     } else if (bar_id == 0) __syncthreads();
     else ptx::named_barrier(bar_id, nwarps * 32);
   }
-  // Group barrier that returns the AND of pred over the group's threads (bar.red.and).
+  // Group barrier that returns the AND of pred over the group's threads (bar.red.and; a named group:
+  // the non-aligned form, which is correct from any code location).
   __device__ __forceinline__ bool sync_and(bool pred) const {
-    if (any_pc) {
-      __syncwarp();
-      return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
-    }
-    if (bar_id == 0) return __syncthreads_and(pred) != 0;
-    return ptx::named_barrier_and(bar_id, nwarps * 32, pred);
+    if (bar_id == 0 && !any_pc) return __syncthreads_and(pred) != 0;
+    if (any_pc) __syncwarp();
+    return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
   }
   __device__ __forceinline__ bool leader() const { return warp == 0 && lane == 0; }
 
