@@ -22,15 +22,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import layer_worker  # noqa: E402
-from layer_cases import check_metric, generator, make_inputs, metric, why  # noqa: E402
+from layer_cases import (assert_fused_equals_staged, check_metric, generator, make_inputs, metric,  # noqa: E402
+                         why)
 
 E, H, I, K, T_MAX = 16, 512, 256, 4, 64
 SCENARIOS = ("cases", "back_to_back", "graph", "timeout")
 
 
-def _same(a, b, what):
-    ne = a.view(torch.int16) != b.view(torch.int16)
-    assert a.shape == b.shape and not bool(ne.any()), f"{what}: fused differs from staged at {int(ne.sum())} elements"
 
 
 def _barrier():
@@ -59,7 +57,7 @@ def run_all(rank, world, comm, seed, scenarios, res):
         torch.cuda.synchronize()
         staged.check_errors()
         fused.check_errors()
-        _same(yf, ys, f"rank {rank}/{world} {name} (T per rank {Ts}), {why(seed)}")
+        assert_fused_equals_staged(yf, ys, f"rank {rank}/{world} {name} (T per rank {Ts}), {why(seed)}")
         res["cases"][name] = int(x.shape[0])
         return yf, x, idx, w
 
@@ -114,7 +112,7 @@ def run_all(rank, world, comm, seed, scenarios, res):
             ws.copy_(sets[j][2])
             g.replay()
             torch.cuda.synchronize()
-            _same(ys, want[j], f"rank {rank}/{world} graph replay {i}, {why(seed)}")
+            assert_fused_equals_staged(ys, want[j], f"rank {rank}/{world} graph replay {i}, {why(seed)}")
         fused.check_errors()
         del g
         compare("eager_after_graph", 300, [[3, 30, 0, 64][s % 4] for s in range(world)])
@@ -145,7 +143,7 @@ def run_all(rank, world, comm, seed, scenarios, res):
         y2 = staged(x, idx, w)
         torch.cuda.synchronize()
         short.check_errors()
-        _same(y1, y2, f"rank {rank}/{world} call after timeout + resync, {why(seed)}")
+        assert_fused_equals_staged(y1, y2, f"rank {rank}/{world} call after timeout + resync, {why(seed)}")
         torch.cuda.synchronize()
         _barrier()
         short.destroy()

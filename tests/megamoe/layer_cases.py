@@ -71,6 +71,14 @@ def make_inputs(gen: torch.Generator, T: int, H: int, E: int, K: int, *, p_missi
     return x.contiguous(), idx.to(idx_dtype).contiguous(), w.contiguous()
 
 
+def assert_fused_equals_staged(yf: torch.Tensor, ys: torch.Tensor, what: str) -> None:
+    """Bitwise equality of two BF16 layer outputs (fused vs staged), naming how many elements differ."""
+    assert yf.shape == ys.shape and yf.dtype == ys.dtype == torch.bfloat16, what
+    ne = yf.view(torch.int16) != ys.view(torch.int16)
+    assert not bool(ne.any()), (f"{what}: fused differs from staged at {int(ne.sum())} of {yf.numel()} elements "
+                                f"(first at {ne.nonzero()[0].tolist()})")
+
+
 def bf16_ulp(r: torch.Tensor) -> torch.Tensor:
     """One BF16 step at |r|: 2^(floor(log2 |r|) - 7) (normal range; tiny values get the smallest normal's)."""
     _, e = torch.frexp(r.abs().clamp_min(2.0 ** -126))

@@ -17,7 +17,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from layer_cases import check_metric, fresh_seed, generator, make_inputs, metric, poison, stage_reference_y, why  # noqa: E402
+from layer_cases import (assert_fused_equals_staged, check_metric, fresh_seed, generator, make_inputs,  # noqa: E402
+                         metric, poison, stage_reference_y, why)
 
 SEED = fresh_seed()
 print(f"test_fused_gpu: {why(SEED)}")
@@ -53,10 +54,7 @@ def pair(request):
 
 
 def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert a.shape == b.shape and a.dtype == b.dtype == torch.bfloat16, what
-    ne = a.view(torch.int16) != b.view(torch.int16)
-    assert not bool(ne.any()), (f"{what}: fused differs from staged at {int(ne.sum())} of {a.numel()} elements "
-                                f"(first at {ne.nonzero()[0].tolist()}), {why(SEED)}")
+    assert_fused_equals_staged(a, b, f"{what}, {why(SEED)}")
 
 
 def _kw(kind: str, E: int) -> dict:
