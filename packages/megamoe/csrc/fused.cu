@@ -34,7 +34,8 @@ constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math
 constexpr int kCombineK = 8;                      // the pull combine's k batch (symm_comm's standalone value)
 constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
 
-// The kernel's one named-barrier list: 0 = __syncthreads; 1 = the L1 epilogue (256 math threads);
+// The kernel's one named-barrier list: 0 = __syncthreads; 1 = the L1 epilogue (256 math threads), and
+// the math threads' aligned barrier before L2;
 // 2 + wg = the staged BF16 store of math warpgroup wg.
 constexpr uint32_t kL1Barrier = 1;
 constexpr uint32_t kStoreBarrier0 = 2;
@@ -42,6 +43,10 @@ static_assert(kStoreBarrier0 + fg::kMathThreads / 128 <= 16, "named barrier ids"
 // Grid barriers (symm_comm's grid_barrier_gpu), in call order: one caller-owned word each (grid_words,
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
+// Phase stamps (FusedParams::stamps, megamoe_api.h): 0 start, 1 dispatch done, 2 after grid barrier 0,
+// 3 this CTA's L1 tiles produced, 4 after grid barrier 1, 5 L2 produced, 6 after grid barrier 2, 7 combine done;
+// 8: the CTA's SM (%smid).
+constexpr int kStamps = 9;
 static_assert(kBarL2 < moe::kGridWords, "grid barrier words");
 
 template <int kCtasPerSm>
@@ -68,6 +73,8 @@ struct FusedParams {
   __nv_bfloat16* l2_out;  // the pull combine's input rows (this rank's cmb_in)
   uint16_t* y;
   uint32_t* grid_words;
+  int32_t* err_dev;  // this rank's error record (symm state_err): the GEMM phases' and grid barriers' sink
+  uint64_t* stamps;  // optional (null): kStamps %globaltimer values per CTA (profiling; thread 0 writes)
 };
 
 }  // namespace
@@ -146,7 +153,12 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
 // 128-token loop). Every thread reads them where it needs them (error paths, grid barriers, the combine).
 struct FusedState {
   symm::CallStart dc, cc;
+  int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
 };
+// The dispatch call's deadline, read where a wait needs it (ptx::ld_shared_u64: ONE load the compiler
+// cannot re-issue inside the wait's polling loop; a plain load there cost the whole kernel its uniform
+// datapath: +12 % instructions in the math loops, ncu and SASS 2026-12-02).
+__device__ __forceinline__ uint64_t load_deadline(const FusedState* st) { return ptx::ld_shared_u64(&st->dc.deadline); }
 
 // Shared memory: the GEMM phases' plans (one at a time) and, after the larger of them, the L2 problem's
 // unit table (built with L1's before the register split), the peer table and the FusedState.
@@ -176,6 +188,12 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   int* table2 = reinterpret_cast<int*>(smem + S::kTable2Off);
   const symm::Workers W = symm::Workers::cta();  // every phase's group: the whole CTA (bar 0)
   const SymmLayout& L = p.L;
+  // Thread 0 only (the producer warpgroup from the register split on): the math regions carry no stamp code.
+  auto stamp = [&](int i) {
+    if (p.stamps != nullptr && tid == 0) p.stamps[int64_t(blockIdx.x) * kStamps + i] = ptx::globaltimer_ns();
+  };
+  stamp(0);
+  if (p.stamps != nullptr && tid == 0) p.stamps[int64_t(blockIdx.x) * kStamps + 8] = ptx::smid();
   // Both ops' starts first (each op runs once per launch: both epochs come from earlier launches).
   const symm::CallStart dc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
   W.sync();  // every read of s_peers by the first begin_call before the second one's load_peers rewrites it
@@ -199,12 +217,17 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     else symm::dispatch_run<int32_t, kPullUnrollPlain, false>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
   }
   symm::end_call(W, dc.local, L, SYMM_OP_DISPATCH, dc.epoch);
+  stamp(1);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
   ptx::fence_proxy_async_smem();
-  // From here on the starts come from shared memory (FusedState), not from dc / cc.
-  const moe::ErrSink& err = st->dc.err;
-  const uint64_t& deadline = st->dc.deadline;
-  bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, deadline, err, MOE_PHASE_GRID0 + kBarPool);
+  // From here on the starts come from shared memory (FusedState), not from dc / cc. The GEMM phases and
+  // the grid barriers report through a sink built from kernel parameters (constant bank: no register,
+  // no shared-memory load in their loops; the call's epoch is not recorded, 0): a sink referenced in
+  // shared memory inside those loops cost the kernel its uniform datapath (load_deadline says how).
+  const moe::ErrSink err{p.err_dev, p.host_err, L.rank, 0u};
+  bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, load_deadline(st), err, MOE_PHASE_GRID0 + kBarPool);
+  int* const s_ok = &st->grid_ok;
+  stamp(2);
 
   // ---- phases L1, L2 ---------------------------------------------------------------------------------------
   fg::SmemView<CL1> sm1{smem};
@@ -223,13 +246,17 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
     if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    stamp(3);
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
+    stamp(4);
     if (tid == 0) retire_pipeline(sm1);
     Wr.sync();  // (the math threads initialise L2's pipeline here)
     Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
-    if (ok) produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);  // unguarded: below
+    stamp(5);
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
+    stamp(6);
     if (tid == 0) retire_pipeline(sm2);
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
@@ -237,12 +264,17 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, deadline, err, MOE_PHASE_GRID0 + kBarL1) && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
     Wr.sync();  // L1's barriers retired
     fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
     Wr.sync();
-    if (ok) math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, deadline, err, MOE_PHASE_GRID0 + kBarL2) && ok;
+    // L2 runs even after a failed barrier (the call already holds its error; both roles run it, so
+    // nothing waits for a tile that never comes): `ok` comes from a shared-memory broadcast, and a
+    // branch on it around the mainloop made ptxas treat the loop as divergent (vector registers for
+    // its uniform addresses, as above).
+    ptx::named_barrier(kL1Barrier, fg::kMathThreads);  // .aligned at one code location: converged (ptxas)
+    math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
 
@@ -251,6 +283,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   const symm::CallStart c = st->cc;
   symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, L, s_peers, c, nullptr, p.y, p.d.num_tokens);
   symm::combine_end(W, c.local, L, c.epoch);
+  stamp(7);
 }
 
 // ---- host --------------------------------------------------------------------------------------------
@@ -359,7 +392,7 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
                                              const float* topk_w, int num_tokens, const void* w1, const float* w1_rs,
                                              const void* w2, const float* w2_rs, int intermediate, void* l1_q,
                                              float* l1_s, void* y, int block_n, float activation_clamp, int pow2,
-                                             void* local_base, cudaStream_t stream) {
+                                             void* local_base, uint64_t* stamps, cudaStream_t stream) {
   using namespace megamoe;
   if (!layout || layout->version != SYMM_LAYOUT_VERSION) return MOE_ELAYOUT;
   const SymmLayout& L = *layout;
@@ -382,6 +415,8 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
   p.dedup = !((int64_t)num_tokens * L.topk <= (dedup_sent ? symm::kPlainPullMaxIds : symm::kMetaWarpMaxIds));
   p.idx_bytes = idx_bytes;
   p.grid_words = grid_words;
+  p.stamps = stamps;
+  p.err_dev = symm::state_err(reinterpret_cast<uint64_t>(local_base), L);
   const uint64_t base = reinterpret_cast<uint64_t>(local_base);
   const int* offs = reinterpret_cast<const int*>(base + L.off_exp_offsets);
   const int* cnts = reinterpret_cast<const int*>(base + L.off_exp_counts);

@@ -6,7 +6,7 @@
 #include "symm_comm/layout.cuh"
 
 #define MOE_API __attribute__((visibility("default")))
-#define MOE_ABI_VERSION 1
+#define MOE_ABI_VERSION 2
 
 // Return codes (> 0: a cudaError_t).
 #define MOE_OK 0
@@ -30,13 +30,15 @@ MOE_API int megamoe_abi_version(void);
 // weight -> l1_q / l1_s, [pool_rows][I] / [pool_rows][I / 128]) -> L2 (w2 -> the buffer's combine input)
 // -> pull combine -> y BF16 [num_tokens][H]. grid_words: 2 x kGridBarriers u32, zero at creation
 // (megamoe/layout.cuh kGridWords). Device-side errors, the GEMMs' pipeline timeouts included (fp4_gemm's
-// codes 32..), go to the buffer's error record (host_err mirror).
+// codes 32..), go to the buffer's error record (host_err mirror). stamps: null, or 9 u64 per CTA of the
+// grid (at most 2 x the SM count): %globaltimer at the phase boundaries and the SM (fused.cu kStamps; profiling).
 MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uint64_t* peers, int32_t* host_err, int64_t timeout_ns,
                                   int num_sms, uint32_t* grid_words, const void* x_q, const float* x_s,
                                   const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens,
                                   const void* w1, const float* w1_rs, const void* w2, const float* w2_rs,
                                   int intermediate, void* l1_q, float* l1_s, void* y, int block_n,
-                                  float activation_clamp, int pow2, void* local_base, cudaStream_t stream);
+                                  float activation_clamp, int pow2, void* local_base, uint64_t* stamps,
+                                  cudaStream_t stream);
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,5 @@
 // moe_common/ptx.cuh — THE PTX wrapper layer of the repository (one wrapper per instruction): CTA,
-// cluster, async-proxy and tensor-core bookkeeping (mbarrier, TMA / bulk copies, cp.async, proxy
+// cluster, async-proxy and tensor-core bookkeeping (mbarrier, TMA / bulk copies, proxy
 // fences, wgmma fences, setmaxnreg, stmatrix) and the memory-model operations across GPUs (acquire
 // loads, release stores and reductions at gpu / sys scope, fences, %globaltimer, 16-byte vectors).
 // fp4_gemm and symm_comm include it (their ptx.cuh alias `ptx` to moe::ptx); neither depends on the
@@ -49,6 +49,12 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return ok != 0;
 }
 
+// The SM this thread runs on (%smid; diagnostics only: a CTA's SM is fixed for its lifetime).
+__device__ __forceinline__ uint32_t smid() {
+  uint32_t v;
+  asm volatile("mov.u32 %0, %smid;" : "=r"(v));
+  return v;
+}
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -162,15 +168,6 @@ __device__ __forceinline__ float ld_relaxed_gpu_f32(const float* p) {
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
-// 4-byte asynchronous copy (LDGSTS) and an arrive on `bar` once this thread's copies landed.
-// `.noinc`: the barrier's expected count must already include this arrival.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
 // Generic-proxy writes to shared memory -> later reads by the async proxy (wgmma, TMA store).
 // Generic-proxy global writes (other threads', acquired through a barrier) before this thread's
 // async-proxy (TMA) reads of the same global memory.
@@ -269,6 +266,30 @@ SYMM_DEV uint32_t ld_acquire_sys_u32(const uint32_t* p) {
 SYMM_DEV uint32_t ld_acquire_gpu_u32(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Shared-memory state (a flag, a deadline) read / written at exactly this point (asm volatile: the
+// compiler neither re-issues the load inside a later loop nor keeps a generic pointer to it). Plain C++
+// loads of such state inside a fused kernel's wait loops cost that kernel its uniform datapath (ptxas
+// held the GEMM mainloops' stage and shared-memory addresses in vector registers; megamoe fused.cu).
+SYMM_DEV uint64_t ld_shared_u64(const void* p) {
+  uint64_t v;
+  asm volatile("ld.shared.u64 %0, [%1];" : "=l"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+SYMM_DEV int32_t ld_shared_s32(const void* p) {
+  int32_t v;
+  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+SYMM_DEV void st_shared_s32(void* p, int32_t v) {
+  asm volatile("st.shared.s32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v) : "memory");
+}
+// Relaxed poll of a flag (gpu scope: never a stale L1 line, and no L1 invalidation per load as an
+// acquire has); the caller acquires once after the poll succeeds.
+SYMM_DEV uint32_t ld_relaxed_gpu_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 SYMM_DEV int32_t ld_relaxed_sys_s32(const int32_t* p) {

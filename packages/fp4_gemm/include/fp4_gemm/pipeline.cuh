@@ -3,9 +3,9 @@
 // (decode, wgmma, promotion, the two loops) is in mainloop.cuh.
 //
 // Pipeline contract (one ring of kNumStages stages, each = token tile + weight chunk + token scales):
-//  - full[s]  : 1 arrive.expect_tx by producer thread 0 (TMA + bulk bytes) and one cp.async
-//               arrive (.noinc) per producer thread (kProducerThreads), each once its own token
-//               scale copies landed                                                 -> kFullArrivals.
+//  - full[s]  : 1 arrive.expect_tx by producer thread 0 (TMA + bulk bytes) and one arrive
+//               (release.cta) per producer thread (kProducerThreads), each after its own token
+//               scale's shared-memory store                                         -> kFullArrivals.
 //  - empty[s] : one arrive per math warp once that warp no longer reads stage s (after a
 //               wgmma.wait_group that covers the stage's wgmmas, so the tensor cores are done
 //               reading the token tile, and after its scale and weight loads from the stage).
@@ -250,9 +250,20 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
   if constexpr (Cfg::kMulticast)
     box_row = int32_t(min(t.row0 + int64_t(cta_rank) * Cfg::kTmaBoxRows, pb.rows - 1));
   RingPos<Cfg> pos = RingPos<Cfg>::at(iter);
+  // Token scales: thread ptid owns row ptid of the tile (kBlockN <= kProducerThreads: one per stage).
+  // Coherent loads (ld.relaxed.gpu, never the L1-allocating cp.async.ca): a fused kernel's dispatch or
+  // L1 epilogue wrote them earlier in the same launch (ordered before this by its grid barrier /
+  // readiness acquire). Issued before the empty wait, so their L2 latency hides under it. Rows past the
+  // tile's valid rows are left as they are (their outputs are never stored, and each output column
+  // depends only on its own token).
+  static_assert(Cfg::kBlockN <= Cfg::kProducerThreads, "one token scale per producer thread per stage");
+  const bool has_row = ptid < t.rows;
+  const float* src_scale = x.scales + (t.row0 + ptid) * x.scale_stride;
+  float* const dst_scale = sm.scales(0) + scale_slot<Cfg>(ptid);
   for (int kb = 0; kb < k_blocks; ++kb, ++iter, pos = pos.next()) {
     const int s = pos.stage;
     const uint32_t phase = pos.phase;
+    const float sv = has_row ? ptx::ld_relaxed_gpu_f32(src_scale + kb) : 0.f;
     // Multicast: empty[s] completes with the peer CTA's arrivals too (CTA-scope acquire suffices:
     // contract at the top of this file).
     if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, timeout_ns)) {
@@ -273,12 +284,8 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
         ptx::prefetch_l2(wsrc + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes);
       }
     }
-    // Token scales: rows past the tile's valid rows are left as they are (their outputs are never
-    // stored, and each output column depends only on its own token).
-    float* dst = sm.scales(s);
-    for (int i = ptid; i < t.rows; i += Cfg::kProducerThreads)
-      ptx::cp_async_4(dst + scale_slot<Cfg>(i), x.scales + (t.row0 + i) * x.scale_stride + kb);
-    ptx::cp_async_arrive_noinc(sm.full(s));
+    if (has_row) dst_scale[s * (Cfg::kScaleBytes / 4)] = sv;
+    ptx::mbar_arrive(sm.full(s));  // release.cta: this thread's scale store before the math warps' acquire
   }
   return true;
 }

@@ -123,6 +123,9 @@ class MegaMoE(torch.nn.Module):
                 # the fused kernel's rank-local grid-barrier words (include/megamoe/layout.cuh kGridWords:
                 # zero at creation and after resync(); the kernel keeps them consistent otherwise)
                 self._grid_words = torch.zeros(_lib.grid_words(), dtype=torch.int32, device=self.device)
+                # profiling only (bench/fused_phases.py): an int64 [2 x SMs, 9] tensor here makes the kernel
+                # write %globaltimer at its phase boundaries (csrc/fused.cu kStamps)
+                self._phase_stamps = None
             P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
             self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
@@ -204,7 +207,8 @@ class MegaMoE(torch.nn.Module):
                             topk_w.data_ptr() or None, T, self.w1.packed.data_ptr(), self.w1.row_scale.data_ptr(),
                             self.w2.packed.data_ptr(), self.w2.row_scale.data_ptr(), self.intermediate,
                             self._aq.data_ptr(), self._a_s.data_ptr(), y.data_ptr() or None, self._block_n(T),
-                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(), stream)
+                            self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(),
+                            None if self._phase_stamps is None else self._phase_stamps.data_ptr(), stream)
 
         self.buffer.run_fused(launch, xq)
         return y

@@ -31,28 +31,36 @@ enum class Order {
 // warp's outstanding peer stores, which the cross-rank barrier orders later anyway.
 // Contract: every lane fences (fence.acq_rel.gpu) its own writes, __syncwarp, lane 0 arrives with
 // atom.add.acq_rel.gpu with the bit-31 flip increments (group 0 adds 0x80000000 - (n - 1), the
-// others 1: each completed barrier adds exactly 2^31, so the word needs no reset and any n works), then EVERY lane polls with its own
-// ld.acquire.gpu until bit 31 flipped: each lane's later loads are ordered after all n groups'
-// pre-barrier writes without relying on __syncwarp for cumulativity. Time limit: lane 0 reports
-// (what = -1, detail = the word) and every lane returns false.
+// others 1: each completed barrier adds exactly 2^31, so the word needs no reset and any n works).
+// Lane 0 alone polls with relaxed loads until bit 31 flipped (an acquire per poll is a CCTL.IVALL:
+// the whole L1 of the SM, the co-resident CTA's too, invalidated per iteration), then EVERY lane
+// reads the word once with ld.acquire.gpu: the flip is final for the launch (each barrier has its
+// own word), so each lane's own acquire synchronises with every group's arrival and its later loads
+// are ordered after all n groups' pre-barrier writes without relying on __syncwarp for cumulativity.
+// No warp-collective operation inside the loop: a vote / shuffle loop here cost the kernel after it
+// its uniform datapath (ptxas kept the GEMM mainloop's stage and smem addresses in vector registers,
+// +12 % instructions in the fused kernel's math loop, SASS of 2026-12-02). Time limit: lane 0
+// reports (what = -1, detail = the word) and every lane returns false.
 __device__ __forceinline__ bool warp_grid_barrier_gpu(uint32_t* bar, bool first_group, uint32_t n, int lane,
                                                       uint64_t deadline, const ErrSink& err, int phase) {
   ptx::fence_acq_rel_gpu();
   __syncwarp();
-  uint32_t old = 0;
-  if (lane == 0) old = ptx::atom_add_acq_rel_gpu_u32(bar, first_group ? (0x80000000u - (n - 1u)) : 1u);
-  old = __shfl_sync(0xffffffffu, old, 0);
-  int spins = 0;
-  uint32_t cur;
-  while (!__all_sync(0xffffffffu, (((cur = ptx::ld_acquire_gpu_u32(bar)) ^ old) & 0x80000000u) != 0)) {
-    bool late = false;
-    if (lane == 0 && (++spins & 63) == 0) late = timed_out(deadline);
-    if (__shfl_sync(0xffffffffu, late, 0)) {
-      if (lane == 0) report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
-      return false;
+  bool ok = true;
+  if (lane == 0) {
+    const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(bar, first_group ? (0x80000000u - (n - 1u)) : 1u);
+    int spins = 0;
+    uint32_t cur;
+    while ((((cur = ptx::ld_relaxed_gpu_u32(bar)) ^ old) & 0x80000000u) == 0) {
+      if ((++spins & 63) == 0 && timed_out(deadline)) {
+        report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
+        ok = false;
+        break;
+      }
     }
   }
-  return true;
+  ok = __shfl_sync(0xffffffffu, ok, 0);
+  if (ok) (void)ptx::ld_acquire_gpu_u32(bar);
+  return ok;
 }
 
 // Thread `r` (r < num_ranks) of ONE group publishes `epoch` to rank r's signal slot for this rank.
@@ -126,12 +134,21 @@ __device__ __forceinline__ bool rank_barrier_counted(const Workers& W, const uin
 // Every write any thread of any group made before it (local or to peers) precedes, in causality order,
 // every access of any thread of any group after it. Returns false in every thread of the group on a
 // timeout (reported by warp 0: what = -1, detail = the word).
+// s_ok: null = the result through the group's reduction barrier (bar.red.and); else a shared-memory
+// int of the group through which warp 0 broadcasts it between two plain group barriers: for groups
+// whose threads meet the barrier from different code locations (Workers::any_pc), where bar.red is
+// reported by compute-sanitizer synccheck ("divergent threads in block"). Reuse of *s_ok by the next
+// call is safe: every reader reads it before it reaches that call's first group barrier, after which
+// alone warp 0 writes it again.
 __device__ __forceinline__ bool grid_barrier_gpu(const Workers& W, uint32_t* word, uint64_t deadline,
-                                                 const ErrSink& err, int phase) {
+                                                 const ErrSink& err, int phase, int* s_ok = nullptr) {
   bool ok = true;
   W.sync();
   if (W.warp == 0) ok = warp_grid_barrier_gpu(word, W.group == 0, (uint32_t)W.ngroups, W.lane, deadline, err, phase);
-  return W.sync_and(ok);
+  if (s_ok == nullptr) return W.sync_and(ok);
+  if (W.warp == 0 && W.lane == 0) ptx::st_shared_s32(s_ok, ok ? 1 : 0);
+  W.sync();
+  return ptx::ld_shared_s32(s_ok) != 0;
 }
 
 // ---- start of a call: peers, this call's epoch, its time limit and error sink ------------------------

@@ -51,13 +51,14 @@ def register_phases(phases: dict) -> None:
 def describe(words) -> str:
     code, rank, phase, what, detail, epoch = (int(w) for w in words[:6])
     ph = PHASES.get(phase, f"phase {phase}")
+    ep = f" (epoch {epoch})" if epoch else ""  # 0: a phase that reports without the call's epoch (fused GEMMs)
     if code == 1 and phase == 8:
-        return (f"rank {rank}: timed out in {ph} (epoch {epoch}) waiting for the expert rows of token {what} "
+        return (f"rank {rank}: timed out in {ph}{ep} waiting for the expert rows of token {what} "
                 f"(from any rank); {detail} had arrived. Every rank must make the same sequence of "
                 "dispatch/combine calls; after a timeout call buf.resync() on all ranks")
     if code == 1:
         who = "the other CTAs of this rank (grid barrier)" if what < 0 else f"rank {what}"
-        return (f"rank {rank}: timed out in {ph} (epoch {epoch}) waiting for {who}; last value seen {detail}. "
+        return (f"rank {rank}: timed out in {ph}{ep} waiting for {who}; last value seen {detail}. "
                 "Every rank must make the same sequence of dispatch/combine calls; after a timeout call "
                 "buf.resync() on all ranks")
     if code == 2:

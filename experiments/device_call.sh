@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call of this session (steps given as arguments, each with its own time limit).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+T0=$(date +%s)
+stamp() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+for s in "$@"; do
+  case "$s" in
+    fused-tests) stamp "$s"
+      timeout 150 python3 -m pytest -q --timeout 120 tests/megamoe/test_fused_gpu.py 2>&1 | tail -15 | tee "$OUT/fused_tests.log" ;;
+    fused-ranks) stamp "$s"
+      timeout 200 python3 -m pytest -q --timeout 190 tests/megamoe/test_fused_ranks_gpu.py 2>&1 | tail -15 | tee "$OUT/fused_ranks.log" ;;
+    gemm-tests) stamp "$s"
+      timeout 150 python3 -m pytest -q --timeout 120 -m gpu tests/fp4_gemm 2>&1 | tail -8 | tee "$OUT/gemm_tests.log" ;;
+    layer-tests) stamp "$s"
+      timeout 200 python3 -m pytest -q --timeout 150 -m gpu tests/megamoe --ignore tests/megamoe/test_fused_gpu.py \
+        --ignore tests/megamoe/test_fused_ranks_gpu.py --deselect tests/megamoe/test_reference.py 2>&1 | tail -8 | tee "$OUT/layer_tests.log" ;;
+    probe) stamp "$s"
+      timeout 90 python3 experiments/overflow_probe.py 2>&1 | tail -60 | tee "$OUT/probe.log" ;;
+    phases) stamp "$s"
+      (cd bench && timeout 240 python3 fused_phases.py ${PHASE_ARGS:-} 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/phases.log")
+      cp bench/results/fused-phases-* "$OUT/" 2>/dev/null ;;
+    sanitize-fused) stamp "$s"
+      STEP_TIMEOUT=100 bash scripts/gpu_check.sh sanitize-fused 2>&1 | grep -v "^NVIDIA" | tail -12 ;;
+    sanitize-gemm) stamp "$s"
+      STEP_TIMEOUT=60 bash scripts/gpu_check.sh sanitize-gemm 2>&1 | tail -8 ;;
+    sync-detail) stamp "$s"  # the first synccheck reports of the fused layer (T 33)
+      timeout 100 compute-sanitizer --tool synccheck --report-api-errors no --print-limit 6 \
+        python3 bench/profile_layer.py 16 512 256 4 33 fused 2>&1 | cut -c1-220 | head -60 ;;
+    race-gemm) stamp "$s"  # standalone fp4_gemm: racecheck and synccheck, the L1 case
+      for tool in racecheck synccheck; do timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 4 \
+        python3 bench/profile_gemm.py l1 3 100 256 256 2>&1 | cut -c1-200 | grep -E "Error|SUMMARY|error" | head -8; done ;;
+    ncu) stamp "$s"; bash experiments/ncu_compare.sh ${NCU_T:-128} ;;
+    overflow-test) stamp "$s"
+      timeout 60 python3 -m pytest -q --timeout 50 tests/megamoe/test_fused_gpu.py -k overflow 2>&1 | tail -4 ;;
+    symm-tests) stamp "$s"
+      timeout 150 python3 -m pytest -q --timeout 140 -m gpu tests/symm_comm 2>&1 | tail -6 | tee "$OUT/symm_tests.log" ;;
+    moe-bench) stamp "$s"
+      BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
+    gemm-ab) stamp "$s"
+      (cd build-before/src && MEGAMOE_LIB_DIR="$PWD/../lib" PYTHONPATH="$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python" \
+         timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_before.log" 2>&1)
+      timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_after.log" 2>&1
+      paste -d'#' <(grep -E "^\|" "$OUT/gemm_before.log") <(grep -E "^\|" "$OUT/gemm_after.log") | head -40 ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+rm -f "$OUT/results.tgz"
+(cd "$OUT" && tar czf all.tgz --exclude all.tgz . 2>/dev/null && find . -type f ! -name all.tgz -delete)
+stamp done
