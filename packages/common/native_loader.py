@@ -86,12 +86,15 @@ def load(pkg: str, pkg_dir: str | Path) -> ctypes.CDLL:
 class NativeLib:
     """Lazily loaded library with ctypes signatures; `call` raises on a non-zero return code.
 
-    signatures: {symbol: (argtypes, restype)}; error_fn: the symbol turning a code into text.
+    signatures: {symbol: (argtypes, restype)}; error_fn: the symbol turning a code into text;
+    abi: (symbol, version): the C ABI the package's Python side mirrors, checked once by require().
     """
 
-    def __init__(self, pkg: str, pkg_dir: str | Path, signatures: dict, error_fn: str):
-        self.pkg, self.pkg_dir, self.signatures, self.error_fn = pkg, pkg_dir, signatures, error_fn
+    def __init__(self, pkg: str, pkg_dir: str | Path, signatures: dict, error_fn: str,
+                 abi: tuple[str, int] | None = None):
+        self.pkg, self.pkg_dir, self.signatures, self.error_fn, self.abi = pkg, pkg_dir, signatures, error_fn, abi
         self._lib = None
+        self._abi_checked = False
 
     @property
     def lib(self) -> ctypes.CDLL:
@@ -105,9 +108,19 @@ class NativeLib:
         return self._lib
 
     def require(self) -> None:
-        """Raise KernelsNotBuiltError (how to build) unless the library loads: call first in every
-        GPU entry point, before anything is allocated."""
-        self.lib
+        """Raise KernelsNotBuiltError (how to build) unless the library loads and implements the
+        package's ABI (an older build has other signatures): call first in every GPU entry point,
+        before anything is allocated. The ABI is checked once (a ctypes call per GEMM costs host time)."""
+        L = self.lib
+        if self.abi is None or self._abi_checked:
+            return
+        sym, want = self.abi
+        fn = getattr(L, sym, None)
+        got = fn() if fn is not None else None
+        if got != want:
+            raise KernelsNotBuiltError(f"lib{self.pkg}.so implements ABI {got}, this package needs {want}: "
+                                       f"rebuild it; {BUILD_HINT}")
+        self._abi_checked = True
 
     def available(self) -> bool:
         try:

@@ -19,6 +19,16 @@ def test_missing_library_message(tmp_path, monkeypatch):
     assert "nvcc" in str(e.value) and "MEGAMOE_LIB_DIR" in str(e.value)
 
 
+def test_abi_mismatch_is_named():
+    """A library that loads but implements another C ABI than the package mirrors is refused by name."""
+    from pathlib import Path
+    lib = NativeLib("fp4_gemm", Path(fp4_gemm.__file__).parent, {}, "fp4g_error_string", abi=("fp4g_abi_version", -1))
+    if not lib.available():
+        pytest.skip("libfp4_gemm.so not built")
+    with pytest.raises(KernelsNotBuiltError, match="implements ABI [0-9]+, this package needs -1"):
+        lib.require()
+
+
 def test_gpu_entry_points_raise_before_work(tmp_path, monkeypatch):
     monkeypatch.setattr(ops, "LIB", NativeLib("no_such_pkg", tmp_path, {}, "no_such_fn"))
     with pytest.raises(KernelsNotBuiltError):

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import layer_worker  # noqa: E402
-from layer_cases import (assert_fused_equals_staged, check_metric, generator, make_inputs, metric,  # noqa: E402
+from layer_cases import (assert_fused_equals_staged, check_metric, generator, graph_replays, make_inputs, metric,  # noqa: E402
                          why)
 
 E, H, I, K, T_MAX = 16, 512, 256, 4, 64
@@ -98,23 +98,11 @@ def run_all(rank, world, comm, seed, scenarios, res):
         want = [staged(*s) for s in sets]
         fused(*sets[0])
         torch.cuda.synchronize()
-        xs, is_, ws = (t.clone() for t in sets[0])
-        _barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ys = fused(xs, is_, ws)
-        torch.cuda.synchronize()
-        _barrier()
-        for i in range(100):
-            j = (i + 1) % 3
-            xs.copy_(sets[j][0])
-            is_.copy_(sets[j][1])
-            ws.copy_(sets[j][2])
-            g.replay()
-            torch.cuda.synchronize()
-            assert_fused_equals_staged(ys, want[j], f"rank {rank}/{world} graph replay {i}, {why(seed)}")
+        graph_replays(fused, sets, 100, lambda i: (i + 1) % 3,
+                      lambda ys, i, j: assert_fused_equals_staged(ys, want[j], f"rank {rank}/{world} graph replay {i}, "
+                                                                               f"{why(seed)}"),
+                      barrier=_barrier)
         fused.check_errors()
-        del g
         compare("eager_after_graph", 300, [[3, 30, 0, 64][s % 4] for s in range(world)])
 
     def timeout():

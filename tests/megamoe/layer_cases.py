@@ -79,6 +79,30 @@ def assert_fused_equals_staged(yf: torch.Tensor, ys: torch.Tensor, what: str) ->
                                 f"(first at {ne.nonzero()[0].tolist()})")
 
 
+def graph_replays(layer, sets, n: int, order, check, barrier=None) -> None:
+    """Captures layer(*sets[0]) (on copies of its inputs) into one CUDA graph, then n times copies input
+    set j = order(i) into the captured inputs, replays and calls check(y, i, j) on the captured output.
+    barrier (multi-rank workers): called before the capture and after it (every rank captures the same
+    collective call)."""
+    xs, is_, ws = (t.clone() for t in sets[0])
+    torch.cuda.synchronize()
+    if barrier is not None:
+        barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ys = layer(xs, is_, ws)
+    torch.cuda.synchronize()
+    if barrier is not None:
+        barrier()
+    for i in range(n):
+        j = order(i)
+        for dst, src in zip((xs, is_, ws), sets[j]):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        check(ys, i, j)
+
+
 def bf16_ulp(r: torch.Tensor) -> torch.Tensor:
     """One BF16 step at |r|: 2^(floor(log2 |r|) - 7) (normal range; tiny values get the smallest normal's)."""
     _, e = torch.frexp(r.abs().clamp_min(2.0 ** -126))

@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from layer_cases import check_metric, generator, make_inputs, metric, poison, stage_rows, why  # noqa: E402
+from layer_cases import check_metric, generator, graph_replays, make_inputs, metric, poison, stage_rows, why  # noqa: E402
 
 E, H, I, K, T_MAX = 16, 512, 256, 4, 64
 
@@ -173,26 +173,12 @@ def run_all(rank, world, comm, seed, scenarios, res):
         layer.check_errors()
         for j in range(3):
             check_metric(metric(eager[j], _reference_rows(full, sets[j], rank)), f"rank {rank} graph eager {j}")
-        xs, is_, ws = (t.clone() for t in mine[0])
-        if dist.is_initialized():
-            dist.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ys = layer(xs, is_, ws)
-        torch.cuda.synchronize()
-        if dist.is_initialized():
-            dist.barrier()
-        for i in range(20):
-            j = (i + 1) % 3
-            xs.copy_(mine[j][0])
-            is_.copy_(mine[j][1])
-            ws.copy_(mine[j][2])
-            g.replay()
-            torch.cuda.synchronize()
+        def same_as_eager(ys, i, j):
             assert torch.equal(ys.view(torch.int16), eager[j].view(torch.int16)), \
                 f"rank {rank}/{world}: graph replay {i} differs from eager, {why(seed)}"
+        graph_replays(layer, mine, 20, lambda i: (i + 1) % 3, same_as_eager,
+                      barrier=dist.barrier if dist.is_initialized() else None)
         layer.check_errors()
-        del g
         call_and_check("eager_after_graph", 300, [[3, 30, 0, 64][s % 4] for s in range(world)])
 
     try:

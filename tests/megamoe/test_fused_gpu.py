@@ -17,7 +17,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from layer_cases import (assert_fused_equals_staged, check_metric, fresh_seed, generator, make_inputs,  # noqa: E402
+from layer_cases import (assert_fused_equals_staged, check_metric, fresh_seed, generator, graph_replays, make_inputs,  # noqa: E402
                          metric, poison, stage_reference_y, why)
 
 SEED = fresh_seed()
@@ -124,21 +124,9 @@ def test_cuda_graph_replays(pair):
     want = [staged(*s) for s in sets]
     fused(*sets[0])  # warm (first-call attribute setting outside capture)
     torch.cuda.synchronize()
-    xs, is_, ws = (t.clone() for t in sets[0])
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ys = fused(xs, is_, ws)
-    torch.cuda.synchronize()
-    for i in range(100):
-        j = (i * 3 + 1) % 5
-        xs.copy_(sets[j][0])
-        is_.copy_(sets[j][1])
-        ws.copy_(sets[j][2])
-        g.replay()
-        torch.cuda.synchronize()
-        _same(ys, want[j], f"{name} graph replay {i} (input set {j})")
+    graph_replays(fused, sets, 100, lambda i: (i * 3 + 1) % 5,
+                  lambda ys, i, j: _same(ys, want[j], f"{name} graph replay {i} (input set {j})"))
     fused.check_errors()
-    del g
     x, idx, w = (t.cuda() for t in make_inputs(generator(SEED, 901), 40, H, E, K))
     _same(fused(x, idx, w), staged(x, idx, w), f"{name} eager after graph replays")
 

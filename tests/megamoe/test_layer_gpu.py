@@ -18,8 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, os.path.dirname(__file__))
-from layer_cases import (L1_CODES_EQUAL, check_metric, fresh_seed, generator, l1_codes_equal, make_inputs,  # noqa: E402
-                         metric, poison, stage_reference_y, why)
+from layer_cases import (L1_CODES_EQUAL, check_metric, fresh_seed, generator, graph_replays, l1_codes_equal,  # noqa: E402
+                         make_inputs, metric, poison, stage_reference_y, why)
 
 SEED = fresh_seed()
 print(f"test_layer_gpu: {why(SEED)}")
@@ -123,23 +123,11 @@ def test_cuda_graph_replays(setup):
     layer.check_errors()
     assert torch.equal(eager[0].view(torch.int16), again.view(torch.int16)), "eager calls are not deterministic"
     check_metric(metric(eager[1], _reference(weights, cfg, *(t.cpu() for t in sets[1]))), f"{name} graph eager")
-    xs, is_, ws = (t.clone() for t in sets[0])
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ys = layer(xs, is_, ws)
-    torch.cuda.synchronize()
-    for i in range(100):
-        j = (i * 3 + 1) % 5
-        xs.copy_(sets[j][0])
-        is_.copy_(sets[j][1])
-        ws.copy_(sets[j][2])
-        g.replay()
-        torch.cuda.synchronize()
+    def same_as_eager(ys, i, j):
         assert torch.equal(ys.view(torch.int16), eager[j].view(torch.int16)), \
             f"{name}: replay {i} (input set {j}) differs from eager at {int((ys != eager[j]).sum())} elements, {why(SEED)}"
+    graph_replays(layer, sets, 100, lambda i: (i * 3 + 1) % 5, same_as_eager)
     layer.check_errors()
-    del g
     x, idx, w = make_inputs(generator(SEED, 901), 40, H, E, K)
     _run_checked(layer, weights, cfg, x, idx, w, f"{name} eager after graph replays, {why(SEED)}")
 

@@ -16,21 +16,4 @@ LIB = NativeLib("fp4_gemm", Path(__file__).parent, {
                                 c_int, c_int, c_vp, c_i64, c_vp], c_int),
     "fp4g_grouped_gemm_l1": ([c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_vp, c_int, c_int, c_i64, c_int, c_int,
                               c_int, c_int, ctypes.c_float, c_int, c_int, c_vp, c_i64, c_vp], c_int),
-}, error_fn="fp4g_error_string")
-ABI_VERSION = 3  # csrc/errors.cu fp4g_abi_version: the 8-word error record and timeout_ns
-
-
-_abi_ok: set = set()
-
-
-def require_abi(lib: NativeLib = LIB) -> None:
-    """The loaded library must implement this package's C ABI (an older build has other signatures).
-    Checked once per library (a ctypes call on every GEMM costs host time)."""
-    if id(lib) in _abi_ok:
-        return
-    lib.require()
-    got = lib.lib.fp4g_abi_version()
-    if got != ABI_VERSION:
-        from ._native import KernelsNotBuiltError
-        raise KernelsNotBuiltError(f"libfp4_gemm.so implements ABI {got}, this package needs {ABI_VERSION}: rebuild it")
-    _abi_ok.add(id(lib))
+}, error_fn="fp4g_error_string", abi=("fp4g_abi_version", 3))  # csrc/errors.cu: the 8-word error record, timeout_ns

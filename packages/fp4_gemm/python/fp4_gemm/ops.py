@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _arrays as A
-from ._lib import LIB, require_abi
+from ._lib import LIB
 from ._native import header_constants, package_header, require_cuda_device
 from .layout import constants as _constants
 
@@ -194,7 +194,6 @@ def _problem(x, x_scales, w: PackedWeights, group_offsets, masked_m, block_n, gr
     """Checks the operands shared by every grouped GEMM entry point (names the bad argument)."""
     LIB.require()
     _require_cuda(entry, x)
-    require_abi(LIB)
     if (group_offsets is None) == (masked_m is None):
         raise ValueError("pass exactly one of group_offsets (contiguous) or masked_m (masked)")
     masked = masked_m is not None

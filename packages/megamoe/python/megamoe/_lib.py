@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from fp4_gemm._native import KernelsNotBuiltError, NativeLib  # megamoe depends on fp4_gemm: its loader, not a third copy
+from fp4_gemm._native import NativeLib  # megamoe depends on fp4_gemm: its loader, not a third copy
 
 c_i64, c_int, c_vp, c_f = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 
@@ -15,8 +15,7 @@ LIB = NativeLib("megamoe", Path(__file__).parent, {
     # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, stamps (null), stream
     "megamoe_fused_forward": ([c_vp, c_vp, c_vp, c_i64, c_int, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_int,
                                c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp, c_vp], c_int),
-}, error_fn="megamoe_error_string")
-ABI_VERSION = 2  # csrc/fused.cu megamoe_abi_version
+}, error_fn="megamoe_error_string", abi=("megamoe_abi_version", 2))  # csrc/megamoe_api.h MOE_ABI_VERSION
 
 
 def grid_words() -> int:
@@ -28,16 +27,3 @@ def grid_words() -> int:
 PHASES = {64: "fused kernel: grid barrier after the dispatch (this rank's CTAs)",
           65: "fused kernel: grid barrier after the L1 GEMM (this rank's CTAs)",
           66: "fused kernel: grid barrier after the L2 GEMM (this rank's CTAs)"}
-
-_abi_ok: set = set()
-
-
-def require_abi(lib: NativeLib = LIB) -> None:
-    """The loaded library must implement this package's C ABI; checked once per library."""
-    if id(lib) in _abi_ok:
-        return
-    lib.require()
-    got = lib.lib.megamoe_abi_version()
-    if got != ABI_VERSION:
-        raise KernelsNotBuiltError(f"libmegamoe.so implements ABI {got}, this package needs {ABI_VERSION}: rebuild it")
-    _abi_ok.add(id(lib))

@@ -116,7 +116,7 @@ class MegaMoE(torch.nn.Module):
                                            combine_input_rows=-1, single_rank=self._single)
             if backend != "staged":
                 from . import _lib
-                _lib.require_abi()  # before anything is allocated: a missing libmegamoe.so names itself
+                _lib.LIB.require()  # before anything is allocated: a missing libmegamoe.so names itself
                 self._mlib = _lib.LIB
                 from symm_comm.errors import register_phases
                 register_phases(_lib.PHASES)

@@ -46,15 +46,13 @@ LIB = NativeLib("symm_comm", Path(__file__).parent, {
                       ctypes.POINTER(ctypes.c_int32), c_vp], c_int),
     "symm_combine_pull": ([_LP, c_vp, c_vp, c_vp, c_int, c_int, c_i64, ctypes.POINTER(ctypes.c_int32), c_vp], c_int),
     "symm_reset_state": ([_LP, c_vp, c_u64, c_u64, c_vp], c_int),
-}, error_fn="symm_error_string")
+}, error_fn="symm_error_string", abi=("symm_abi_version", 3))  # csrc/errors.cu symm_abi_version
 
 
 def check_abi() -> None:
-    """Raise if the loaded library's struct size or ABI differs from this mirror."""
-    lib = LIB.lib
-    n = lib.symm_layout_size()
+    """Raise if the loaded library's ABI (NativeLib.require) or struct size differs from this mirror."""
+    LIB.require()
+    n = LIB.lib.symm_layout_size()
     if n != ctypes.sizeof(SymmLayout):
         raise RuntimeError(f"symm_comm: SymmLayout size mismatch: library {n} bytes, Python mirror "
                            f"{ctypes.sizeof(SymmLayout)} bytes — rebuild libsymm_comm.so")
-    if lib.symm_abi_version() != 3:
-        raise RuntimeError("symm_comm: libsymm_comm.so ABI version mismatch — rebuild it")
