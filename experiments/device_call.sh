@@ -13,10 +13,12 @@ for s in "$@"; do
     fused-ranks) stamp "$s"
       timeout 200 python3 -m pytest -q --timeout 190 tests/megamoe/test_fused_ranks_gpu.py 2>&1 | tail -15 | tee "$OUT/fused_ranks.log" ;;
     gemm-tests) stamp "$s"
-      timeout 150 python3 -m pytest -q --timeout 120 -m gpu tests/fp4_gemm 2>&1 | tail -8 | tee "$OUT/gemm_tests.log" ;;
+      timeout 150 python3 -m pytest -q --timeout 120 -m gpu -rfE --tb=short tests/fp4_gemm > "$OUT/gemm_tests.log" 2>&1
+      grep -E "passed|failed|^FAILED|^E " "$OUT/gemm_tests.log" | tail -12 ;;
     layer-tests) stamp "$s"
       timeout 200 python3 -m pytest -q --timeout 150 -m gpu tests/megamoe --ignore tests/megamoe/test_fused_gpu.py \
-        --ignore tests/megamoe/test_fused_ranks_gpu.py --deselect tests/megamoe/test_reference.py 2>&1 | tail -8 | tee "$OUT/layer_tests.log" ;;
+        --ignore tests/megamoe/test_fused_ranks_gpu.py --deselect tests/megamoe/test_reference.py -rfE --tb=short \
+        > "$OUT/layer_tests.log" 2>&1; grep -E "passed|failed|^FAILED|^E " "$OUT/layer_tests.log" | tail -12 ;;
     probe) stamp "$s"
       timeout 90 python3 experiments/overflow_probe.py 2>&1 | tail -60 | tee "$OUT/probe.log" ;;
     phases) stamp "$s"
@@ -37,6 +39,11 @@ for s in "$@"; do
       timeout 60 python3 -m pytest -q --timeout 50 tests/megamoe/test_fused_gpu.py -k overflow 2>&1 | tail -4 ;;
     symm-tests) stamp "$s"
       timeout 150 python3 -m pytest -q --timeout 140 -m gpu tests/symm_comm 2>&1 | tail -6 | tee "$OUT/symm_tests.log" ;;
+    sanitize-splitk) stamp "$s"
+      for tool in memcheck racecheck synccheck; do timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 4 \
+        python3 experiments/splitk_sanitize.py 2>&1 | cut -c1-200 | grep -E "Error|SUMMARY|error|split-K|^ok" | head -8; done ;;
+    splitk) stamp "$s"
+      (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"
       BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
     gemm-ab) stamp "$s"

@@ -3,7 +3,9 @@
 // (contiguous and masked, empty groups, odd n-block counts, any number of clusters), the two CTAs of
 // every cluster walk the same token-tile sequence (lock-step), rank 0 always has a real tile, rank 1
 // gets n-block + 1 or a dummy (rows 0) only past the last n-block, and the real tiles of all CTAs are
-// exactly the tiles of the 1-CTA scheduler, each once. Prints "ok <runs>" or the first failure.
+// exactly the tiles of the 1-CTA scheduler, each once. Split-K (kSplitK): every unit's splits cover its
+// K blocks exactly once, in split order, each on its own workspace slot, with the split count of
+// choose_k_splits. Prints "ok <runs>" or the first failure.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,7 @@
 using std::max;
 using std::min;
 #define __device__
+#define __host__
 #define __forceinline__ inline
 struct Dim3 { unsigned x; };
 static Dim3 blockIdx, gridDim;
@@ -165,6 +168,75 @@ int main() {
       return 1;
     }
   }
-  printf("ok %d\n", 2 * runs);
+  // Split-K (kSplitK, the unit table): splits = choose_k_splits(units, workers, k_blocks, slots); the
+  // split-units of all CTAs are the unsplit units times their splits, each unit's K ranges partition
+  // [0, k_blocks) in split order, slot = unit * splits + split (unique, inside the workspace).
+  for (int trial = 0; trial < runs; ++trial) {
+    GroupedProblem pb{};
+    const int G = 1 + rng() % 8;
+    pb.num_groups = G;
+    pb.n = 256 * (1 + rng() % 4);
+    pb.k = 128 * (1 + rng() % 64);
+    pb.layout = GroupLayout::kContiguous;
+    std::vector<int> offs(G + 1);
+    for (int g = 0; g < G; ++g) offs[g + 1] = offs[g] + ((rng() % 3 == 0) ? 0 : int(rng() % 40));
+    pb.rows = offs[G];
+    pb.group_offsets = offs.data();
+    static float fake_partials[1];
+    static uint32_t fake_counters[1];
+    const int slots = int(rng() % 2000);
+    pb.sk = SplitKSpace{fake_partials, fake_counters, int64_t(1) << 40, slots, int(1 + rng() % 300)};
+    const unsigned ctas = 1 + rng() % 300;
+    using S1 = GroupedScheduler<8, 128, 1, 2, false>;
+    using SK = GroupedScheduler<8, 128, 1, 2, true>;
+    std::vector<int> tab(kMaxTableGroups);
+    S1::build_table(pb, tab.data(), nullptr, 0, 0);
+    const int k_blocks = pb.k / 128, units = G > 0 ? tab[G - 1] : 0;
+    const int want = choose_k_splits(units, pb.sk.workers, k_blocks, SK::split_slots(pb.sk, 4));
+    std::map<std::tuple<int, int, int64_t, int>, std::vector<std::pair<int, int>>> ranges;  // unit -> (split, kb0)
+    std::map<int, int> slot_seen;
+    const char* why = nullptr;
+    int splits = 0;
+    for (unsigned c = 0; c < ctas && !why; ++c) {
+      blockIdx.x = c, gridDim.x = ctas;
+      SK s(pb, tab.data());
+      splits = s.splits;
+      if (s.splits != want) why = "splits differ from choose_k_splits";
+      Tile t;
+      while (!why && s.next(t)) {
+        int kb0, kbn;
+        s.k_range(t, kb0, kbn);
+        if (kbn < 1 || kb0 < 0 || kb0 + kbn > k_blocks) why = "K range out of bounds";
+        if (t.slot < 0 || t.slot >= units * s.splits || ++slot_seen[t.slot] > 1) why = "slot out of range or reused";
+        ranges[{t.group, t.n_block, t.row0, t.rows}].push_back({t.slot % s.splits, kb0 * 1000 + kbn});
+        if (int(unsigned(t.slot) % ctas) != int(c)) why = "split-unit not on CTA slot % grid";
+      }
+    }
+    std::map<std::tuple<int, int, int64_t, int>, int> ref;
+    blockIdx.x = 0, gridDim.x = 1;
+    S1 s1(pb, tab.data());
+    Tile t;
+    while (s1.next(t)) ref[{t.group, t.n_block, t.row0, t.rows}] += 1;
+    if (!why && ref.size() != ranges.size()) why = "split units differ from the unsplit units";
+    for (auto& kv : ranges) {
+      if (why) break;
+      if (!ref.count(kv.first)) { why = "a split unit the unsplit scheduler has not"; break; }
+      auto v = kv.second;
+      std::sort(v.begin(), v.end());
+      if (int(v.size()) != splits) { why = "a unit without all its splits"; break; }
+      int next = 0;
+      for (int i = 0; i < splits && !why; ++i) {
+        if (v[i].first != i || v[i].second / 1000 != next) why = "K ranges not a partition in split order";
+        next += v[i].second % 1000;
+      }
+      if (!why && next != k_blocks) why = "K ranges do not cover K";
+    }
+    if (why) {
+      printf("FAIL split-K trial %d (G %d, n %d, k %d, ctas %u, splits %d): %s\n", trial, G, pb.n, pb.k, ctas, splits,
+             why);
+      return 1;
+    }
+  }
+  printf("ok %d\n", 3 * runs);
   return 0;
 }

@@ -20,7 +20,9 @@ def test_cluster_pairs_lock_step(tmp_path):
     assert '#include "fp4_gemm/ptx.cuh"' in text
     (tmp_path / "scheduler_stripped.h").write_text(text.replace('#include "fp4_gemm/ptx.cuh"', ""))
     exe = tmp_path / "sched"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{tmp_path}", str(HERE / "scheduler_pairs_host.cpp"), "-o", str(exe)],
+    inc = [f"-I{tmp_path}", f"-I{HERE.parents[1] / 'packages/fp4_gemm/include'}",
+           f"-I{HERE.parents[1] / 'packages/common/include'}"]  # layout.cuh, moe_common/constants.cuh
+    subprocess.run([cxx, "-std=c++17", "-O1", *inc, str(HERE / "scheduler_pairs_host.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr

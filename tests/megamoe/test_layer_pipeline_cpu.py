@@ -27,6 +27,9 @@ from layer_cases import generator, make_inputs, poison  # noqa: E402
 BM = 128
 
 
+SPLITK = object()  # the layer's split-K workspace as FakeOps sees it passed (the layer's own, to both GEMMs)
+
+
 class FakeOps:
     """fp4_gemm.ops as the layer calls it; math exactly the reference's (so results are bitwise equal)."""
     SCALE_GROUP = 128
@@ -56,8 +59,8 @@ class FakeOps:
             yield g, slice(offs[g], offs[g] + n)
 
     def grouped_gemm_l1(self, x, x_scales, w, topk_w, *, group_offsets=None, group_counts=None, masked_m=None,
-                        activation_clamp=float("inf"), pow2=False, block_n=None, out=None):
-        assert masked_m is None and out is not None and block_n in real_ops.BLOCK_NS
+                        activation_clamp=float("inf"), pow2=False, block_n=None, out=None, splitk=None):
+        assert masked_m is None and out is not None and block_n in real_ops.BLOCK_NS and splitk is SPLITK
         q, s = out
         I = w.deq.shape[1] // 2
         assert q.shape == (x.shape[0], I) and s.shape == (x.shape[0], I // 128) and topk_w.shape == (x.shape[0],)
@@ -73,8 +76,8 @@ class FakeOps:
         return q, s
 
     def grouped_gemm(self, x, x_scales, w, *, group_offsets=None, group_counts=None, masked_m=None, block_n=None,
-                     out=None):
-        assert masked_m is None and out is not None and block_n in real_ops.BLOCK_NS
+                     out=None, splitk=None):
+        assert masked_m is None and out is not None and block_n in real_ops.BLOCK_NS and splitk is SPLITK
         self.calls.append(("l2", block_n))
         for g, r in self._rows(group_offsets, group_counts):
             if r.stop > r.start:
@@ -155,6 +158,7 @@ def _stand_in_layer(weights, K, T_max, clamp, pow2):
     layer._aq = torch.zeros(P, I, dtype=torch.float8_e4m3fn)
     layer._a_s = torch.zeros(P, I // 128)
     layer._xq, layer._xs = torch.empty(T_max, H, dtype=torch.float8_e4m3fn), torch.empty(T_max, H // 128)
+    layer._splitk = SPLITK
     layer._closed = False
     layer._layer_id = _ops.register(layer)
     return layer

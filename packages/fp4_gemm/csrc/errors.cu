@@ -11,4 +11,4 @@ extern "C" const char* fp4g_error_string(int code) {
   }
 }
 
-extern "C" int fp4g_abi_version(void) { return 3; }  // 3: the 8-word error record + timeout_ns; 2: group_counts, L1 scales per 128
+extern "C" int fp4g_abi_version(void) { return 4; }  // 4: the split-K workspace; 3: the 8-word error record + timeout_ns; 2: group_counts, L1 scales per 128

@@ -4,8 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "fp4_gemm/epilogue.cuh"
-#include "fp4_gemm/mainloop.cuh"
+#include "fp4_gemm/roles.cuh"
 #include "fp4_gemm_api.h"
 #include "tensor_map.h"
 
@@ -25,36 +24,22 @@ constexpr bool kTokenMulticast128 = FP4_TOKEN_MULTICAST != 0;
 constexpr int kThreads = 128 + kMathThreads;  // producer warpgroup + math warpgroups
 constexpr int kMaxDevices = 64;
 
-// Registers per thread after setmaxnreg. A kernel using setmaxnreg is compiled at its launch
-// bound's maximum (65536 / (kThreads * CTAs per SM), in steps of 8), which is the CTA's whole
-// allocation: the warpgroups' new counts must fit in it, or setmaxnreg.inc would wait forever.
-template <int kCtasPerSm>
-struct RegisterSplit {
-  static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
-  static constexpr int kProducer = 40;
-  static constexpr int kMath = ((kLaunchRegs * kThreads - kProducer * 128) / kMathThreads) / 8 * 8;
-  static_assert(kProducer * 128 + kMath * kMathThreads <= kLaunchRegs * kThreads, "register file");
-  static_assert(kMath <= 256, "setmaxnreg range");
-};
-static_assert(RegisterSplit<1>::kMath == 232 && RegisterSplit<2>::kMath == 96, "expected splits");
-
 struct GemmArgs {
   GroupedProblem pb;
   WeightOperand w;
   TokenOperand x;
-  __nv_bfloat16* out;  // BF16 epilogue: [rows][n]
-  L1Args l1;           // L1 epilogue
+  EpilogueParams epi;  // BF16 rows [rows][n], or the L1 epilogue's arguments
   int32_t* err;        // moe::kErrWords device words (no host mirror, rank or epoch: a standalone GEMM)
   uint64_t timeout_ns;  // per pipeline wait (the host's limit: a stuck pipeline, not a slow one)
 };
 
-enum class Epilogue { kBF16, kL1 };
+using Epilogue = EpilogueKind;
 // Named barriers (the kernel's one list): 0 = __syncthreads (also inside the unit table's build,
-// before the roles split); 1 = the L1 epilogue's (all 256 math threads, epilogue.cuh store_l1_pair);
+// before the roles split); 1 = all 256 math threads (the L1 epilogue, the split-K arrival);
 // 2 + wg = the staged BF16 store of math warpgroup wg.
-constexpr uint32_t kL1Barrier = 1;
-constexpr uint32_t kStoreBarrier0 = 2;
-static_assert(kStoreBarrier0 > kL1Barrier && kStoreBarrier0 + WL::kMathThreads / 128 <= 16, "named barrier ids");
+constexpr MathBarriers kMathBarriers{1, 2};
+static_assert(kMathBarriers.store0 > kMathBarriers.math && kMathBarriers.store0 + WL::kMathThreads / 128 <= 16,
+              "named barrier ids");
 
 template <class Cfg, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
@@ -72,7 +57,7 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     return;
   }
   init_pipeline(sm, tid, kThreads);
-  using Sched = GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN>;
+  using Sched = GroupedScheduler<Cfg::kBlockN, WL::kBlockRows, Cfg::kClusterN, Cfg::kPairN, Cfg::kSplitK>;
   // The scheduler's unit table, by every thread before the roles split (scratch: the epilogue's
   // storage, unused until the first tile), then __syncthreads before any role's first next().
   static_assert(Sched::kTableThreads == kThreads, "the whole CTA builds the unit table");
@@ -84,52 +69,22 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
     ptx::cluster_sync();
   }
   __syncthreads();  // the shift LUT and the unit table complete (CTA-local) before any role reads them
-  using Regs = RegisterSplit<Cfg::kCtasPerSm>;
-  static_assert(Cfg::kL1 == (kEpi == Epilogue::kL1), "the L1 epilogue's storage and tile pairs");
-  Sched sched(args.pb, sm.unit_table());
-  Tile t;
-  uint32_t iter = 0;
+  using Regs = RegisterSplit<kThreads, Cfg::kCtasPerSm>;
+  using ML = Mainloop<Cfg>;
+  const Sched sched(args.pb, sm.unit_table());
   // No role returns from here on: a timeout ends the role's loop, and every thread reaches the
   // exit cluster barrier below (multicast) once its own time-limited waits are over.
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
-    static_assert(Cfg::kProducerThreads == 128, "the whole producer warpgroup produces");
+    static_assert(ML::kProducerThreads == 128, "the whole producer warpgroup produces");
     if (tid == 0) ptx::prefetch_tma_map(&tmap_x);
     const uint32_t cta_rank = Cfg::kMulticast ? ptx::cluster_ctarank() : 0u;
-    bool ok = true;
-    while (ok && sched.next(t))
-      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
-        ok = produce_tile(sm, &tmap_x, args.w, args.x, args.pb, t, iter, tid, err, args.timeout_ns, cta_rank);
+    ML::produce(sm, &tmap_x, args.pb, args.w, args.x, sched, tid, err, args.timeout_ns, cta_rank);
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    auto epilogue = [&](const Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t tiles) {
-      const float* row_scale = args.w.row_scale + int64_t(t.group) * args.pb.n;
-      if constexpr (kEpi == Epilogue::kBF16) {
-        const int n0 = t.n_block * WL::kBlockRows + wg * WL::kRowsPerWarpgroup;
-        if constexpr (Cfg::kStagedStore) {
-          store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg,
-                                          sm.store_tile(wg), kStoreBarrier0 + uint32_t(wg));
-        } else {
-          store_bf16<Cfg::kBlockN>(acc, row_scale, args.out, args.pb.n, t.row0, t.rows, n0, tid_in_wg);
-        }
-      } else {
-        store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
-            acc, row_scale, args.l1, args.pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(),
-            sm.l1_scales(), sm.stash(), sm.store_tile(0), kL1Barrier);
-      }
-    };
-    if constexpr (Cfg::kPath == WeightPath::kRegs) {
-      mma_stream_regs<Cfg>(sm, args.pb, args.w, sched, wg, tid_in_wg, err, args.timeout_ns, epilogue);
-    } else {
-      float acc[Cfg::kAccRegs];
-      bool ok = true;
-      while (ok && sched.next(t))
-        for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
-          ok = mma_tile(sm, args.pb, wg, tid_in_wg, iter, acc, err, args.timeout_ns);
-          if (ok) epilogue(t, acc, 0);
-        }
-    }
+    const TileEpilogue<Cfg, kEpi> epilogue{sm, args.pb, args.w, args.epi, wg, tid_in_wg, kMathBarriers};
+    ML::math(sm, args.pb, args.w, sched, wg, tid_in_wg, err, args.timeout_ns, epilogue);
   }
   if constexpr (Cfg::kMulticast) {
     // Exit: the partner may still arrive on this CTA's empty barriers (its last releases) until
@@ -140,6 +95,8 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
 
 template <class Cfg, Epilogue kEpi>
 int launch(const GemmArgs& a, const void* x, int num_sms, cudaStream_t stream) {
+  static_assert(!Cfg::kSplitK || ((Cfg::kBlockN == 8 || Cfg::kBlockN == 16) && Cfg::kCtasPerSm == kSplitKCtasPerSm),
+                "fp4g_splitk_floats_per_slot, SplitKSpace::workers");
   // Token tensor map: box of kBlockK bytes x kTmaBoxRows rows (half the tile with multicast).
   CUtensorMap map;
   if (const int rc = make_tensor_map_2d_u8(&map, x, a.pb.k, a.pb.rows, a.pb.k, WL::kBlockK, Cfg::kTmaBoxRows))
@@ -212,15 +169,15 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
     return FP4G_EINVAL;
   if (num_groups == 0 || rows == 0) return FP4G_OK;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(a.w.packed)) % 16) return FP4G_EALIGN;
-  if (kEpi == Epilogue::kBF16 && reinterpret_cast<uintptr_t>(a.out) % 16) return FP4G_EALIGN;  // 16-byte row stores
+  if (kEpi == Epilogue::kBF16 && reinterpret_cast<uintptr_t>(a.epi.out) % 16) return FP4G_EALIGN;  // 16-byte row stores
   // L1: tile pairs cover 128-channel scale groups; 16-byte stores of 128-channel row pieces.
-  if (kEpi == Epilogue::kL1 && (n % (2 * kL1ScaleGroup) || reinterpret_cast<uintptr_t>(a.l1.out_q) % 16))
+  if (kEpi == Epilogue::kL1 && (n % (2 * kL1ScaleGroup) || reinterpret_cast<uintptr_t>(a.epi.l1.out_q) % 16))
     return n % (2 * kL1ScaleGroup) ? FP4G_EINVAL : FP4G_EALIGN;
-  if (num_sms <= 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
-  }
+  int dev = 0, dev_sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (num_sms <= 0) num_sms = dev_sms;
+  a.pb.sk.workers = kSplitKCtasPerSm * dev_sms;  // the device's, not num_sms: the same splits (and bits) on every launch
   a.pb.layout = GroupLayout(layout);
   a.pb.num_groups = num_groups;
   a.pb.n = n;
@@ -244,8 +201,11 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
 }
 
 GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row_scale, const int* group_sizes,
-                   const int* group_counts, int layout, int32_t* err, int64_t timeout_ns) {
+                   const int* group_counts, int layout, float* sk_partials, int64_t sk_floats, uint32_t* sk_counters,
+                   int sk_slots, int32_t* err, int64_t timeout_ns) {
   GemmArgs a{};
+  if (sk_partials != nullptr && sk_counters != nullptr && sk_floats > 0 && sk_slots > 0)
+    a.pb.sk = SplitKSpace{sk_partials, sk_counters, sk_floats, sk_slots, 0};  // workers: run_grouped_gemm
   a.pb.group_offsets = layout == int(GroupLayout::kContiguous) ? group_sizes : nullptr;
   a.pb.group_counts = layout == int(GroupLayout::kContiguous) ? group_counts : nullptr;
   a.pb.masked_m = layout == int(GroupLayout::kMasked) ? group_sizes : nullptr;
@@ -262,12 +222,15 @@ GemmArgs make_args(const float* x_scales, const void* w_packed, const float* row
 extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, const void* w_packed,
                                       const float* row_scale, const int* group_sizes, const int* group_counts, void* out,
                                       int layout, int num_groups, int64_t rows, int max_m, int n, int k,
-                                      int block_n, int num_sms, int32_t* err, int64_t timeout_ns,
+                                      int block_n, int num_sms, float* sk_partials, int64_t sk_floats,
+                                      uint32_t* sk_counters, int sk_slots, int32_t* err, int64_t timeout_ns,
                                       cudaStream_t stream) {
   using namespace fp4_gemm;
-  if (timeout_ns <= 0) return FP4G_EINVAL;
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err, timeout_ns);
-  a.out = static_cast<__nv_bfloat16*>(out);
+  if (timeout_ns <= 0 || sk_floats < 0 || sk_slots < 0) return FP4G_EINVAL;
+  if (reinterpret_cast<uintptr_t>(sk_partials) % 16) return FP4G_EALIGN;
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, sk_partials, sk_floats,
+                         sk_counters, sk_slots, err, timeout_ns);
+  a.epi.out = static_cast<__nv_bfloat16*>(out);
   return run_grouped_gemm<Epilogue::kBF16>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
 }
 
@@ -276,10 +239,24 @@ extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const 
                                     const float* topk_w,
                                     void* out_q, float* out_s, int layout, int num_groups, int64_t rows, int max_m,
                                     int n, int k, int block_n, float activation_clamp, int pow2_scales, int num_sms,
+                                    float* sk_partials, int64_t sk_floats, uint32_t* sk_counters, int sk_slots,
                                     int32_t* err, int64_t timeout_ns, cudaStream_t stream) {
   using namespace fp4_gemm;
-  if (!(activation_clamp >= 0.f) || timeout_ns <= 0) return FP4G_EINVAL;  // also rejects a NaN clamp
-  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, err, timeout_ns);
-  a.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};
+  // (the clamp test also rejects a NaN clamp)
+  if (!(activation_clamp >= 0.f) || timeout_ns <= 0 || sk_floats < 0 || sk_slots < 0) return FP4G_EINVAL;
+  if (reinterpret_cast<uintptr_t>(sk_partials) % 16) return FP4G_EALIGN;
+  GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, sk_partials, sk_floats,
+                         sk_counters, sk_slots, err, timeout_ns);
+  a.epi.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};
   return run_grouped_gemm<Epilogue::kL1>(a, x, layout, num_groups, rows, max_m, n, k, block_n, num_sms, stream);
+}
+
+extern "C" int fp4g_splitk_floats_per_slot(int block_n, int l1) {
+  using namespace fp4_gemm;
+  if (block_n != 8 && block_n != 16) return 0;  // the split-K configurations (MainloopConfig::kSplitK)
+  return (l1 ? 2 : 1) * WL::kMathThreads * (block_n / 2);
+}
+
+extern "C" int fp4g_splitk_splits(int units, int workers, int k_blocks, int slots) {
+  return fp4_gemm::choose_k_splits(units, workers, k_blocks, slots);
 }

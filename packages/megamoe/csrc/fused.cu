@@ -18,8 +18,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "fp4_gemm/epilogue.cuh"
-#include "fp4_gemm/mainloop.cuh"
+#include "fp4_gemm/roles.cuh"
 #include "megamoe/layout.cuh"
 #include "megamoe_api.h"
 #include "symm_comm/symm_comm.cuh"
@@ -34,12 +33,13 @@ constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math
 constexpr int kCombineK = 8;                      // the pull combine's k batch (symm_comm's standalone value)
 constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
 
-// The kernel's one named-barrier list: 0 = __syncthreads; 1 = the L1 epilogue (256 math threads), and
+// The kernel's one named-barrier list: 0 = __syncthreads; 1 = all 256 math threads (the L1 epilogue, the
+// split-K arrival), and
 // the math threads' aligned barrier before L2;
 // 2 + wg = the staged BF16 store of math warpgroup wg.
 constexpr uint32_t kL1Barrier = 1;
-constexpr uint32_t kStoreBarrier0 = 2;
-static_assert(kStoreBarrier0 + fg::kMathThreads / 128 <= 16, "named barrier ids");
+constexpr fg::MathBarriers kMathBarriers{kL1Barrier, 2};
+static_assert(kMathBarriers.store0 + fg::kMathThreads / 128 <= 16, "named barrier ids");
 // Grid barriers (symm_comm's grid_barrier_gpu), in call order: one caller-owned word each (grid_words,
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
@@ -48,14 +48,6 @@ enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
 // 8: the CTA's SM (%smid).
 constexpr int kStamps = 9;
 static_assert(kBarL2 < moe::kGridWords, "grid barrier words");
-
-template <int kCtasPerSm>
-struct RegisterSplit {
-  static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
-  static constexpr int kProducer = 40;
-  static constexpr int kMath = ((kLaunchRegs * kThreads - kProducer * 128) / fg::kMathThreads) / 8 * 8;
-  static_assert(kProducer * 128 + kMath * fg::kMathThreads <= kLaunchRegs * kThreads, "register file");
-};
 
 struct FusedParams {
   SymmLayout L;
@@ -69,8 +61,7 @@ struct FusedParams {
   fg::GroupedProblem pb1, pb2;
   fg::WeightOperand w1, w2;
   fg::TokenOperand x1, x2;
-  fg::L1Args l1;
-  __nv_bfloat16* l2_out;  // the pull combine's input rows (this rank's cmb_in)
+  fg::EpilogueParams e1, e2;  // L1: the L1 epilogue's arguments; L2: BF16 rows into the pull combine's input (cmb_in)
   uint16_t* y;
   uint32_t* grid_words;
   int32_t* err_dev;  // this rank's error record (symm state_err): the GEMM phases' and grid barriers' sink
@@ -83,58 +74,26 @@ struct FusedParams {
 namespace megamoe {
 namespace {
 
-// ---- phases L1 / L2: fp4_gemm's roles, as its standalone kernel runs them -------------------------------
-// The pipeline is fresh (initialised by the caller); the producer's ring iteration starts at 0. `table`:
-// the problem's unit table (built before the register split).
+// ---- phases L1 / L2: fp4_gemm's roles (roles.cuh), as its standalone kernel runs them ---------------------
+// The pipeline is fresh (initialised by the caller). `table`: the problem's unit table (built before the
+// register split).
+template <class Cfg>
+using Sched = fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN, Cfg::kSplitK>;
+
 template <class Cfg>
 __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                               const fg::GroupedProblem& pb, const fg::WeightOperand& w,
                                               const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
                                               uint64_t timeout_ns) {
-  fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
-  fg::Tile t;
-  uint32_t iter = 0;
-  bool ok = true;
-  while (ok && sched.next(t))
-    for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block)
-      ok = fg::produce_tile(sm, tmap, w, x, pb, t, iter, threadIdx.x, err, timeout_ns);
+  fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table), threadIdx.x, err, timeout_ns);
 }
 
-template <class Cfg, bool kL1Epi>
+template <class Cfg, fg::EpilogueKind kEpi>
 __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg::GroupedProblem& pb,
-                                           const fg::WeightOperand& w, const fg::L1Args& l1, __nv_bfloat16* out,
-                                           const int* table, int wg, int tid_in_wg, const moe::ErrSink& err,
-                                           uint64_t timeout_ns) {
-  fg::GroupedScheduler<Cfg::kBlockN, fg::WL::kBlockRows, 1, Cfg::kPairN> sched(pb, table);
-  auto epilogue = [&](const fg::Tile& t, const float (&acc)[Cfg::kAccRegs], uint32_t) {
-    const float* row_scale = w.row_scale + int64_t(t.group) * pb.n;
-    if constexpr (!kL1Epi) {
-      const int n0 = t.n_block * fg::WL::kBlockRows + wg * fg::WL::kRowsPerWarpgroup;
-      if constexpr (Cfg::kStagedStore)
-        fg::store_bf16_staged<Cfg::kBlockN, Cfg::kStoreRowBytes>(acc, row_scale, out, pb.n, t.row0, t.rows, n0,
-                                                                 tid_in_wg, sm.store_tile(wg),
-                                                                 kStoreBarrier0 + uint32_t(wg));
-      else
-        fg::store_bf16<Cfg::kBlockN>(acc, row_scale, out, pb.n, t.row0, t.rows, n0, tid_in_wg);
-    } else {
-      fg::store_l1_pair<Cfg::kBlockN, Cfg::kStagedStore, Cfg::kStoreRowBytes>(
-          acc, row_scale, l1, pb.n, t.row0, t.rows, t.n_block, wg, tid_in_wg, sm.epilogue(), sm.l1_scales(),
-          sm.stash(), sm.store_tile(0), kL1Barrier);
-    }
-  };
-  if constexpr (Cfg::kPath == fg::WeightPath::kRegs) {
-    fg::mma_stream_regs<Cfg>(sm, pb, w, sched, wg, tid_in_wg, err, timeout_ns, epilogue);
-  } else {
-    fg::Tile t;
-    uint32_t iter = 0;
-    float acc[Cfg::kAccRegs];
-    bool ok = true;
-    while (ok && sched.next(t))
-      for (int h = 0; h < Cfg::kPairN && ok; ++h, ++t.n_block) {
-        ok = fg::mma_tile(sm, pb, wg, tid_in_wg, iter, acc, err, timeout_ns);
-        if (ok) epilogue(t, acc, 0);
-      }
-  }
+                                           const fg::WeightOperand& w, const fg::EpilogueParams& e, const int* table,
+                                           int wg, int tid_in_wg, const moe::ErrSink& err, uint64_t timeout_ns) {
+  const fg::TileEpilogue<Cfg, kEpi> epilogue{sm, pb, w, e, wg, tid_in_wg, kMathBarriers};
+  fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table), wg, tid_in_wg, err, timeout_ns, epilogue);
 }
 
 // Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
@@ -178,9 +137,9 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     fused_moe_kernel(const __grid_constant__ CUtensorMap tmap_pool, const __grid_constant__ CUtensorMap tmap_l1,
                      const FusedParams p) {
   using S = FusedSmem<CL1, CL2>;
-  using Regs = RegisterSplit<CL1::kCtasPerSm>;
-  using Sched1 = fg::GroupedScheduler<CL1::kBlockN, fg::WL::kBlockRows, 1, CL1::kPairN>;
-  using Sched2 = fg::GroupedScheduler<CL2::kBlockN, fg::WL::kBlockRows, 1, CL2::kPairN>;
+  using Regs = fg::RegisterSplit<kThreads, CL1::kCtasPerSm>;
+  using Sched1 = Sched<CL1>;
+  using Sched2 = Sched<CL2>;
   static_assert(Sched1::kTableThreads == kThreads, "the whole CTA builds the unit tables");
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x;
@@ -262,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    if (ok) math_phase<CL1, true>(sm1, p.pb1, p.w1, p.l1, nullptr, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
+    if (ok) math_phase<CL1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
     Wr.sync();  // L1's barriers retired
@@ -273,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     // branch on it around the mainloop made ptxas treat the loop as divergent (vector registers for
     // its uniform addresses, as above).
     ptx::named_barrier(kL1Barrier, fg::kMathThreads);  // .aligned at one code location: converged (ptxas)
-    math_phase<CL2, false>(sm2, p.pb2, p.w2, p.l1, p.l2_out, table2, wg, tid_in_wg, err, p.timeout_ns);
+    math_phase<CL2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, p.timeout_ns);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
@@ -322,6 +281,8 @@ int launch(FusedParams& p, const void* pool_x, const void* l1_q, int num_sms, cu
     sms_cache[dev] = sms;
   }
   int sms = sms_cache[dev];
+  // The split choice from the device's SMs (as the standalone GEMM's), not the grid: the same bits.
+  p.pb1.sk.workers = p.pb2.sk.workers = fg::kSplitKCtasPerSm * sms;
   if (num_sms > 0 && num_sms < sms) sms = num_sms;
   const int grid = sms * per_sm_cache[dev];
   void* argv[] = {&m1, &m2, &p};
@@ -392,7 +353,9 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
                                              const float* topk_w, int num_tokens, const void* w1, const float* w1_rs,
                                              const void* w2, const float* w2_rs, int intermediate, void* l1_q,
                                              float* l1_s, void* y, int block_n, float activation_clamp, int pow2,
-                                             void* local_base, uint64_t* stamps, cudaStream_t stream) {
+                                             void* local_base, uint64_t* stamps, float* sk_partials,
+                                             int64_t sk_floats, uint32_t* sk_counters, int sk_slots,
+                                             cudaStream_t stream) {
   using namespace megamoe;
   if (!layout || layout->version != SYMM_LAYOUT_VERSION) return MOE_ELAYOUT;
   const SymmLayout& L = *layout;
@@ -401,6 +364,8 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
       L.cmb_in_rows < L.pool_rows || !(activation_clamp >= 0.f) || !w1 || !w1_rs || !w2 || !w2_rs || !l1_q || !l1_s)
     return MOE_EINVAL;
   if (num_tokens > 0 && (!x_q || !x_s || !topk_idx || !topk_w || !y)) return MOE_EINVAL;
+  if (sk_floats < 0 || sk_slots < 0) return MOE_EINVAL;
+  if (!aligned16(sk_partials)) return MOE_EALIGN;
   if (!aligned16(x_q) || !aligned16(x_s) || !aligned16(topk_w) || !aligned16(peers) || !aligned16(y) ||
       !aligned16(w1) || !aligned16(w2) || !aligned16(l1_q) || !aligned16(local_base))
     return MOE_EALIGN;
@@ -423,13 +388,17 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
   const int Lx = L.num_local_experts, H = L.hidden, I = intermediate;
   p.pb1 = fg::GroupedProblem{fg::GroupLayout::kContiguous, Lx, 2 * I, H, L.pool_rows, 0, offs, cnts, nullptr};
   p.pb2 = fg::GroupedProblem{fg::GroupLayout::kContiguous, Lx, H, I, L.pool_rows, 0, offs, cnts, nullptr};
+  // Split-K (the few-token configurations): one workspace for both GEMMs (L1 has finished with it at
+  // grid barrier 1; each phase's last arrivers leave its counters zero).
+  if (sk_partials != nullptr && sk_counters != nullptr && sk_floats > 0 && sk_slots > 0)
+    p.pb1.sk = p.pb2.sk = fg::SplitKSpace{sk_partials, sk_counters, sk_floats, sk_slots, 0};  // workers: launch()
   p.w1 = fg::WeightOperand{static_cast<const uint8_t*>(w1), w1_rs};
   p.w2 = fg::WeightOperand{static_cast<const uint8_t*>(w2), w2_rs};
   p.x1 = fg::TokenOperand{reinterpret_cast<const float*>(base + L.off_pool_s), H / 128};
   p.x2 = fg::TokenOperand{l1_s, I / 128};
-  p.l1 = fg::L1Args{reinterpret_cast<const float*>(base + L.off_pool_w), static_cast<uint8_t*>(l1_q), l1_s,
-                    activation_clamp, pow2 != 0};
-  p.l2_out = reinterpret_cast<__nv_bfloat16*>(base + L.off_cmb_in);
+  p.e1.l1 = fg::L1Args{reinterpret_cast<const float*>(base + L.off_pool_w), static_cast<uint8_t*>(l1_q), l1_s,
+                       activation_clamp, pow2 != 0};
+  p.e2.out = reinterpret_cast<__nv_bfloat16*>(base + L.off_cmb_in);
   p.y = static_cast<uint16_t*>(y);
   const void* pool_x = reinterpret_cast<const void*>(base + L.off_pool_x);
   switch (block_n) {

@@ -6,7 +6,7 @@
 #include "symm_comm/layout.cuh"
 
 #define MOE_API __attribute__((visibility("default")))
-#define MOE_ABI_VERSION 2
+#define MOE_ABI_VERSION 3
 
 // Return codes (> 0: a cudaError_t).
 #define MOE_OK 0
@@ -32,12 +32,15 @@ MOE_API int megamoe_abi_version(void);
 // (megamoe/layout.cuh kGridWords). Device-side errors, the GEMMs' pipeline timeouts included (fp4_gemm's
 // codes 32..), go to the buffer's error record (host_err mirror). stamps: null, or 9 u64 per CTA of the
 // grid (at most 2 x the SM count): %globaltimer at the phase boundaries and the SM (fused.cu kStamps; profiling).
+// sk_*: the split-K workspace of both GEMMs (fp4_gemm_api.h; null: none), zero on entry, left zero by a
+// call that completes (after an error the caller zeroes the counters).
 MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uint64_t* peers, int32_t* host_err, int64_t timeout_ns,
                                   int num_sms, uint32_t* grid_words, const void* x_q, const float* x_s,
                                   const void* topk_idx, int idx_bytes, const float* topk_w, int num_tokens,
                                   const void* w1, const float* w1_rs, const void* w2, const float* w2_rs,
                                   int intermediate, void* l1_q, float* l1_s, void* y, int block_n,
                                   float activation_clamp, int pow2, void* local_base, uint64_t* stamps,
+                                  float* sk_partials, int64_t sk_floats, uint32_t* sk_counters, int sk_slots,
                                   cudaStream_t stream);
 #ifdef __cplusplus
 }

@@ -165,6 +165,13 @@ __device__ __forceinline__ float ld_relaxed_gpu_f32(const float* p) {
   asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
+// The same, 16 bytes (split-K partial sums another CTA stored in the same launch, acquired by the
+// caller's barrier).
+__device__ __forceinline__ float4 ld_relaxed_gpu_v4f32(const float* p) {
+  float4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

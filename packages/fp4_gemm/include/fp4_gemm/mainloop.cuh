@@ -236,14 +236,14 @@ __device__ __forceinline__ uint32_t scale_offset(int lane) {
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedProblem& pb, int wg,
                                          int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
-                                         const ErrSink& err, uint64_t timeout_ns) {
+                                         const ErrSink& err, uint64_t timeout_ns, int kbn = -1) {
   static_assert(Cfg::kPath == WeightPath::kSmem, "the kRegs path runs mma_stream_regs");
   static_assert(Cfg::kBlockN <= 32, "two partial-sum buffers: registers allow up to 32 tokens");
   constexpr int kSteps = WL::kStepsPerBlockK;
   constexpr int kScales = Cfg::kBlockN / 4;
   int lane = tid_in_wg % 32;
   ptx::keep_in_register(lane);  // an S2R of %tid inside the loop stalled the wgmma issue
-  const int k_blocks = pb.k / Cfg::kBlockK;
+  const int k_blocks = kbn < 0 ? pb.k / Cfg::kBlockK : kbn;  // (kbn: a split's K blocks, >= 1)
   float part0[Cfg::kAccRegs], part1[Cfg::kAccRegs];
   float sc0[kScales], sc1[kScales];
 #pragma unroll

@@ -109,6 +109,9 @@ struct MainloopConfig {
   // decode kernel (-7-8 % time) and the register path (+3-4 % prefill); the 16/32-token kernels keep
   // the arithmetic LUT (not measured with it).
   static constexpr bool kSmemLut32 = kPath == WeightPath::kRegs || kBlockN == 8;
+  // Split-K (scheduler.cuh, roles.cuh) in the decode configurations (few tokens, two CTAs per SM), where a
+  // launch's units can be fewer than its CTAs.
+  static constexpr bool kSplitK = kPath == WeightPath::kSmem && kCtasPerSm == kSplitKCtasPerSm;
 
   // Shared memory plan (offsets from a 1024-byte aligned base).
   static constexpr int kTokenOff = 0;
@@ -141,7 +144,9 @@ struct MainloopConfig {
   static constexpr int kLut32Off = (kLutOff + kLutBytes + 7) / 8 * 8;
   static constexpr int kLut32Bytes = kSmemLut32 ? kLut32Entries * 8 : 0;
   static constexpr int kBarOff = (kLut32Off + kLut32Bytes + 7) / 8 * 8;
-  static constexpr int kSmemBytes = kBarOff + 2 * kNumStages * 8;
+  // kSplitK: the split-K reduction's last-arriver flag (one word, math thread 0 writes it, roles.cuh).
+  static constexpr int kSplitFlagOff = kBarOff + 2 * kNumStages * 8;
+  static constexpr int kSmemBytes = kSplitFlagOff + (kSplitK ? 8 : 0);
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 256, "wgmma N is 8..256 in steps of 8");
   static_assert(!kL1 || kBlockN <= kMathThreads, "one math thread per token computes the L1 scales");
@@ -176,6 +181,7 @@ struct SmemView {
   __device__ uint8_t* lut32() const { return base + Cfg::kLut32Off; }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
   __device__ uint64_t* empty(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + Cfg::kNumStages + s; }
+  __device__ int32_t* split_flag() const { return reinterpret_cast<int32_t*>(base + Cfg::kSplitFlagOff); }
 };
 
 // Position in the stage ring: stage = iteration % kNumStages, phase = (iteration / kNumStages) & 1,
@@ -228,8 +234,8 @@ __device__ __forceinline__ const uint8_t* tile_weights(const WeightOperand& w, c
                         WL::kBlockChunkBytes;
 }
 
-// Producer (the kProducerThreads threads of a warpgroup, `ptid` 0..127): streams the K blocks of
-// one tile into the ring; thread 0 issues the bulk copies, every thread copies the scales of
+// Producer (the kProducerThreads threads of a warpgroup, `ptid` 0..127): streams K blocks [kb0, kb0 +
+// kbn) of one tile into the ring (kbn < 0: all); thread 0 issues the bulk copies, every thread copies the scales of
 // tokens ptid, ptid + 128, ... (one copy per thread per stage at 128 tokens: a single warp's four
 // strided 4-byte copies per stage kept it busy most of the time). Returns false on timeout.
 // Multicast (Cfg::kMulticast): `cta_rank` is this CTA's cluster rank; thread 0 loads only its half
@@ -239,8 +245,8 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
                                              const WeightOperand& w, const TokenOperand& x,
                                              const GroupedProblem& pb, const Tile& t, uint32_t& iter,
                                              int ptid, const ErrSink& err, uint64_t timeout_ns,
-                                             uint32_t cta_rank = 0) {
-  const int k_blocks = pb.k / Cfg::kBlockK;
+                                             uint32_t cta_rank = 0, int kb0 = 0, int kbn = -1) {
+  const int k_end = kbn < 0 ? pb.k / Cfg::kBlockK : kb0 + kbn;
   const uint8_t* wsrc = tile_weights(w, pb, t);
   // First token row of this CTA's TMA box. Multicast: rank 1's half starts 64 rows in; if that is
   // past the tensor's last row, every row of that half is past it too (no valid token of the tile
@@ -260,7 +266,7 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
   const bool has_row = ptid < t.rows;
   const float* src_scale = x.scales + (t.row0 + ptid) * x.scale_stride;
   float* const dst_scale = sm.scales(0) + scale_slot<Cfg>(ptid);
-  for (int kb = 0; kb < k_blocks; ++kb, ++iter, pos = pos.next()) {
+  for (int kb = kb0; kb < k_end; ++kb, ++iter, pos = pos.next()) {
     const int s = pos.stage;
     const uint32_t phase = pos.phase;
     const float sv = has_row ? ptx::ld_relaxed_gpu_f32(src_scale + kb) : 0.f;

@@ -15,6 +15,14 @@
 // output scale group (epilogue.cuh). With clusters, CTA rank r of the cluster takes the pair
 // (2 * unit + r): n-blocks 4u + 2r, 4u + 2r + 1.
 //
+// Split-K (kSplitK, the decode configurations): when a launch has too few units to occupy its CTAs
+// (few tokens: a handful of experts x n-blocks), each unit is cut into `splits` ranges of K blocks, one
+// split-unit each (split index fastest, so a unit's splits run at the same time on consecutive CTAs).
+// splits = choose_k_splits(units, CTAs, K blocks, workspace slots), computed by every role of every CTA
+// from the same unit table, so all agree. A split-unit's partial sums go to its workspace slot and the
+// last of a unit's splits to arrive sums them in split order and runs the epilogue (roles.cuh): the
+// result does not depend on which CTA arrives last.
+//
 // Clusters (kClusterN = 2, token-tile multicast): the unit of work is a tile PAIR, the same token
 // tile (group, m-block) with weight n-blocks 2p (cluster rank 0) and 2p + 1 (rank 1). Both CTAs of a
 // cluster walk the same pair sequence (cluster index, step = number of clusters), so they agree on
@@ -27,11 +35,52 @@
 #pragma once
 #include <cstdint>
 
+#include "fp4_gemm/layout.cuh"
 #include "fp4_gemm/ptx.cuh"
 
 namespace fp4_gemm {
 
 enum class GroupLayout : int { kContiguous = 0, kMasked = 1 };
+
+// Split-K workspace (caller-owned; partials == nullptr or slots == 0: no split). partials: FP32
+// [slots][kPairN][WL::kMathThreads * kAccRegs] (each math thread's accumulator fragment, as the
+// mainloop holds it); counters: [slots] u32, ZERO before a launch (fresh, or left so by the previous
+// launch: the last arriver of each unit resets its counter; after a timed-out launch the caller must
+// zero them again). slots = min(counters' length, partials' length / floats per slot). workers: the
+// CTA count the split choice assumes (the launcher's: 2 per SM of the device), NOT the launch's grid, so
+// that the splits, and so the bits, are the same for every launch on a device (the fused kernel and the
+// standalone GEMM alike, whatever SM limit either runs under).
+struct SplitKSpace {
+  float* partials;
+  uint32_t* counters;
+  int64_t partial_floats;
+  int counter_slots;
+  int workers;
+};
+
+constexpr int kSplitKCtasPerSm = 2;  // the split-K configurations run 2 CTAs per SM (MainloopConfig::kSplitK)
+constexpr int kMaxKSplits = 8;
+constexpr int kMinSplitKBlocks = 4;      // K blocks per split at least
+constexpr int kSplitOverheadBlocks = 8;  // a split-unit's extra cost, in K blocks of one n-block (below)
+
+// The splits of K per unit for `units` units on `workers` CTAs with `k_blocks` K blocks and `slots`
+// workspace slots: the S in 1..kMaxKSplits with the least busiest-CTA time rounds(S) x (k_blocks / S +
+// overhead), rounds(S) = ceil(units * S / workers), overhead = kSplitOverheadBlocks for S > 1 (the
+// partials' stores, the arrival, the last split's sum and its epilogue after a short tile: measured
+// ~4.7 us per split-unit of one n-block and ~9 us of an L1 pair on H200, ~8 and ~16 K blocks at
+// ~0.56 us each; bench/splitk.py, 2026-12-02), with units * S <= slots and k_blocks / S >=
+// kMinSplitKBlocks; a larger S only where it gains at least 1/32.
+__host__ __device__ inline int choose_k_splits(int units, int workers, int k_blocks, int slots) {
+  if (units <= 0 || workers <= 0) return 1;
+  int best = 1;
+  int64_t best_num = (int64_t(units) + workers - 1) / workers * k_blocks;  // cost(S) = num / S
+  for (int s = 2; s <= kMaxKSplits; ++s) {
+    if (int64_t(units) * s > slots || k_blocks / s < kMinSplitKBlocks) break;
+    const int64_t num = (int64_t(units) * s + workers - 1) / workers * (k_blocks + kSplitOverheadBlocks * s);
+    if (num * best * 32 < best_num * s * 31) best = s, best_num = num;
+  }
+  return best;
+}
 
 struct GroupedProblem {
   GroupLayout layout;
@@ -44,6 +93,7 @@ struct GroupedProblem {
   const int* group_counts;   // contiguous, optional: [G] valid rows of group g, from offsets[g]
                              // (min with the segment; rows past it, e.g. pool padding, are skipped)
   const int* masked_m;       // masked: [G] valid rows per group (<= max_m)
+  SplitKSpace sk;            // optional (kSplitK schedulers only)
 };
 
 
@@ -52,6 +102,9 @@ struct Tile {
   int n_block;
   int64_t row0;  // first activation / output row of this tile
   int rows;      // valid rows (tokens) in this tile, 1..BLOCK_N; 0: a cluster's dummy tile (never stored)
+  // kSplitK schedulers only (unset otherwise): the split-unit's index = its workspace slot; its unit
+  // (arrival counter) is slot / splits, its split slot % splits (GroupedScheduler::k_range).
+  int slot;
 };
 
 __device__ inline int load_size(const int* p) { return *p; }
@@ -65,8 +118,9 @@ __device__ inline int load_size(const int* p) { return *p; }
 constexpr int kMaxTableGroups = 1024;
 constexpr int kUnitTableBytes = kMaxTableGroups * 4;
 
-template <int kBlockN, int kBlockRows, int kClusterN = 1, int kPairN = 1>
+template <int kBlockN, int kBlockRows, int kClusterN = 1, int kPairN = 1, bool kSplitK = false>
 struct GroupedScheduler {
+  static_assert(!kSplitK || kClusterN == 1, "split-K: one CTA per unit");
   static_assert(kClusterN == 1 || kClusterN == 2, "clusters of 1 or 2 CTAs along the weight n-blocks");
   static_assert(kPairN == 1 || kPairN == 2, "1 or 2 consecutive n-blocks per CTA and unit");
   static constexpr int kUnitN = kClusterN * kPairN;  // n-blocks per unit of work
@@ -79,6 +133,14 @@ struct GroupedScheduler {
   int64_t g_row0 = 0;
   int g_m = 0;
   const int* table = nullptr;  // build_table's prefix (shared memory), or null: walk
+  int splits = 1;              // kSplitK: split-units per unit this launch (needs the table and a workspace)
+
+  // Workspace slots of a problem's split-K space (floats per slot: kPairN fragments of the math threads).
+  static __device__ __forceinline__ int split_slots(const SplitKSpace& sk, int acc_regs) {
+    if (sk.partials == nullptr || sk.counters == nullptr) return 0;
+    const int64_t by_floats = sk.partial_floats / (int64_t(kPairN) * WL::kMathThreads * acc_regs);
+    return int(min(int64_t(sk.counter_slots), by_floats));
+  }
 
   // unit_table: the CTA's build_table result (all threads built it and synchronised), or nullptr.
   __device__ GroupedScheduler(const GroupedProblem& p, const int* unit_table = nullptr) : pb(p) {
@@ -90,6 +152,11 @@ struct GroupedScheduler {
       next_tile = int(ptx::cluster_id_x());
       step = int(ptx::num_clusters_x());
       rank = int(ptx::cluster_ctarank());
+    }
+    if constexpr (kSplitK) {
+      if (table != nullptr && pb.num_groups > 0)
+        splits = choose_k_splits(table[pb.num_groups - 1], pb.sk.workers, pb.k / WL::kBlockK,
+                                 split_slots(pb.sk, kBlockN / 2));
     }
     load_group();
   }
@@ -161,15 +228,24 @@ struct GroupedScheduler {
 #endif
   }
 
+  // kSplitK: tile t's K blocks [kb0, kb0 + kbn) (all of them when unsplit).
+  __device__ __forceinline__ void k_range(const Tile& t, int& kb0, int& kbn) const {
+    const int k_blocks = pb.k / WL::kBlockK, split = t.slot % splits;
+    kb0 = split * k_blocks / splits;
+    kbn = (split + 1) * k_blocks / splits - kb0;
+  }
+
   __device__ bool next(Tile& t) {
     const int n_blocks = pb.n / kBlockRows;  // kPairN == 2: even (the launcher checks)
     const int n_units = n_units_of(pb);
+    // The unit of this split-unit (kSplitK; else the split-unit is the unit).
+    const int u = kSplitK ? next_tile / splits : next_tile;
     if (table != nullptr) {
-      // The first group g >= group with table[g] > next_tile (the table is non-decreasing).
+      // The first group g >= group with table[g] > u (the table is non-decreasing).
       int lo = group, hi = pb.num_groups;
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (table[mid] > next_tile) hi = mid;
+        if (table[mid] > u) hi = mid;
         else lo = mid + 1;
       }
       if (lo >= pb.num_groups) {
@@ -185,8 +261,8 @@ struct GroupedScheduler {
     while (group < pb.num_groups) {
       const int m_blocks = (g_m + kBlockN - 1) / kBlockN;
       const int tiles = m_blocks * n_units;
-      if (next_tile < tiles_before + tiles) {
-        const int local = next_tile - tiles_before;
+      if (u < tiles_before + tiles) {
+        const int local = u - tiles_before;
         const int mb = local % m_blocks;
         t.group = group;
         t.n_block = ((local / m_blocks) * kClusterN + rank) * kPairN;
@@ -198,6 +274,7 @@ struct GroupedScheduler {
             t.rows = 0;
           }
         }
+        if constexpr (kSplitK) t.slot = next_tile;
         next_tile += step;
         return true;
       }

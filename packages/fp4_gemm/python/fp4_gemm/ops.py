@@ -162,6 +162,60 @@ def _timeout_ns(timeout_s) -> int:
     return int(timeout_s * 1e9)
 
 
+SPLITK_SLOTS_PER_CTA = 4  # workspace slots per CTA of the few-token grid (2 per SM): scheduler.cuh's S <= slots / units
+
+
+class SplitKWorkspace:
+    """Scratch of the few-token GEMMs' split-K (block_n 8 / 16, when a call has fewer tiles than CTAs:
+    e.g. 1-4 tokens on a handful of experts): FP32 partial sums and u32 arrival counters, ZERO between
+    calls (every completed call leaves them so). Pass it as `splitk=` to grouped_gemm / grouped_gemm_l1;
+    without one those GEMMs run unsplit. One workspace per stream (calls in flight together must not
+    share one); after a kernel error (check_errors raised) call reset(). torch tensors on `device`."""
+
+    def __init__(self, device="cuda", slots: int | None = None):
+        LIB.require()
+        import torch
+        require_cuda_device("fp4_gemm.ops.SplitKWorkspace", device)
+        d = torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device!r}")
+        idx = d.index if d.index is not None else torch.cuda.current_device()
+        if slots is None:
+            slots = SPLITK_SLOTS_PER_CTA * 2 * torch.cuda.get_device_properties(idx).multi_processor_count
+        if not isinstance(slots, int) or slots <= 0:
+            raise ValueError(f"slots: expected a positive int, got {slots!r}")
+        per_slot = max(LIB.lib.fp4g_splitk_floats_per_slot(b, l1) for b in (8, 16) for l1 in (0, 1))
+        self.slots = slots
+        self.partials = torch.empty(slots * per_slot, dtype=torch.float32, device=f"cuda:{idx}")
+        self.counters = torch.zeros(slots, dtype=torch.int32, device=f"cuda:{idx}")
+        self.device = idx
+
+    @property
+    def nbytes(self) -> int:
+        return self.partials.numel() * 4 + self.counters.numel() * 4
+
+    def reset(self):
+        """Zero the counters (after an error: a stopped call can leave them mid-count)."""
+        self.counters.zero_()
+
+    def args_ptrs(self):
+        """(partials, floats, counters, slots) as the C ABI takes them (fp4_gemm_api.h sk_*)."""
+        return (self.partials.data_ptr(), self.partials.numel(), self.counters.data_ptr(), self.slots)
+
+    def args(self, x: A.DevArray):
+        if x.device != self.device:
+            raise ValueError(f"splitk: workspace on cuda:{self.device}, operands on cuda:{x.device}")
+        return self.args_ptrs()
+
+
+def _splitk_args(splitk, x: A.DevArray):
+    if splitk is None:
+        return (None, 0, None, 0)
+    if not isinstance(splitk, SplitKWorkspace):
+        raise TypeError(f"splitk: expected a fp4_gemm.ops.SplitKWorkspace or None, got {type(splitk).__name__}")
+    return splitk.args(x)
+
+
 def pick_block_n(expected_m: int) -> int:
     for b in BLOCK_NS:
         if expected_m <= b:
@@ -263,7 +317,7 @@ def _output(p: _Problem, out, shape, kinds, name):
 
 
 def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_counts=None, masked_m=None,
-                 block_n=None, out=None, timeout_s: float = DEFAULT_TIMEOUT_S):
+                 block_n=None, out=None, timeout_s: float = DEFAULT_TIMEOUT_S, splitk: SplitKWorkspace | None = None):
     """FP8 x MXFP4 grouped GEMM, BF16 output: out[r] = W_g @ (x[r] * scale) for the rows r of group g.
 
     Contiguous: x [M, K] (groups are row segments), group_offsets int32 [G + 1] on the GPU; optional
@@ -273,6 +327,8 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_cou
     x: FP8 E4M3 (CuPy: uint8), x_scales FP32 [..., K/128]. No host synchronisation.
     out (optional): BF16 [..., N], contiguous, data pointer 16-byte aligned.
     timeout_s: limit of each pipeline wait; past it the kernel returns and check_errors() raises.
+    splitk: optional SplitKWorkspace (few tokens: K split over more CTAs; the sum order is fixed, so
+    the bits do not depend on timing, but they differ from an unsplit call's in the last places).
     """
     p = _problem(x, x_scales, w, group_offsets, masked_m, block_n, group_counts)
     out, ov = _output(p, out, p.lead + (w.n,), ("bf16", "u16"), "out")
@@ -283,7 +339,8 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_cou
     with A.device_of(p.x):
         LIB.call("fp4g_grouped_gemm_bf16", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
                  p.counts_ptr, ov.ptr,
-                 p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, err.ptr, tns, A.stream_of(p.x))
+                 p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n, 0, *_splitk_args(splitk, p.x), err.ptr,
+                 tns, A.stream_of(p.x))
     return out
 
 
@@ -291,13 +348,13 @@ def grouped_gemm(x, x_scales, w: PackedWeights, *, group_offsets=None, group_cou
 
 def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None, group_counts=None, masked_m=None,
                     activation_clamp: float = float("inf"), pow2: bool = False, block_n=None, out=None,
-                    timeout_s: float = DEFAULT_TIMEOUT_S):
+                    timeout_s: float = DEFAULT_TIMEOUT_S, splitk: SplitKWorkspace | None = None):
     """Grouped GEMM with the L1 epilogue over gate/up-interleaved W1 ([G, 2I, K], I % 128 == 0):
     a = silu(min(gate, c)) * clamp(up, -c, c) * topk_w[row] -> (E4M3 [..., I], FP32 scales
     [..., I / 128]: one per token per 128 channels, a valid x_scales of the L2 GEMM as it stands).
     topk_w: FP32, one per row of x ([M] or [G, max_m]). group_offsets / group_counts / masked_m: as
     grouped_gemm. out: optional preallocated (q, scales) of those shapes (q 16-byte aligned).
-    timeout_s: as grouped_gemm."""
+    timeout_s, splitk: as grouped_gemm."""
     if not w.gate_up_interleave:
         raise ValueError("w: the L1 epilogue needs weights transformed with gate_up_interleave=True")
     if not activation_clamp >= 0:
@@ -324,5 +381,6 @@ def grouped_gemm_l1(x, x_scales, w: PackedWeights, topk_w, *, group_offsets=None
     with A.device_of(p.x):
         LIB.call("fp4g_grouped_gemm_l1", p.x.ptr, p.scales.ptr, p.packed.ptr, p.row_scale.ptr, p.sizes.ptr,
                  p.counts_ptr, tv.ptr, qv.ptr, s_v.ptr, p.layout, p.groups, p.rows, p.max_m, w.n, w.k, p.block_n,
-                 float(activation_clamp), int(bool(pow2)), 0, err.ptr, tns, A.stream_of(p.x))
+                 float(activation_clamp), int(bool(pow2)), 0, *_splitk_args(splitk, p.x), err.ptr, tns,
+                 A.stream_of(p.x))
     return q, s

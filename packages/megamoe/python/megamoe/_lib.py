@@ -12,10 +12,12 @@ LIB = NativeLib("megamoe", Path(__file__).parent, {
     "megamoe_error_string": ([c_int], ctypes.c_char_p),
     "megamoe_abi_version": ([], c_int),
     # layout, peers, host_err, timeout_ns, num_sms, grid_words (kGridWords u32), x_q, x_s, topk_idx, idx_bytes, topk_w, T,
-    # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, stamps (null), stream
+    # w1, w1_rs, w2, w2_rs, I, l1_q, l1_s, y, block_n, clamp, pow2, local_base, stamps (null),
+    # sk_partials, sk_floats, sk_counters, sk_slots, stream
     "megamoe_fused_forward": ([c_vp, c_vp, c_vp, c_i64, c_int, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_int,
-                               c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp, c_vp], c_int),
-}, error_fn="megamoe_error_string", abi=("megamoe_abi_version", 2))  # csrc/megamoe_api.h MOE_ABI_VERSION
+                               c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp,
+                               c_vp, c_i64, c_vp, c_int, c_vp], c_int),
+}, error_fn="megamoe_error_string", abi=("megamoe_abi_version", 3))  # csrc/megamoe_api.h MOE_ABI_VERSION
 
 
 def grid_words() -> int:

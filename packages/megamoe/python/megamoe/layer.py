@@ -131,6 +131,8 @@ class MegaMoE(torch.nn.Module):
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
             self._xq = torch.empty((max_tokens_per_rank, H), dtype=torch.float8_e4m3fn, device=self.device)
             self._xs = torch.empty((max_tokens_per_rank, H // SCALE_GROUP), dtype=torch.float32, device=self.device)
+            # The few-token GEMMs' split-K scratch (fp4_gemm SplitKWorkspace; both backends, both GEMMs).
+            self._splitk = ops.SplitKWorkspace(self.device)
             # The GEMMs' device error word, created here: a first call inside CUDA-graph capture would
             # otherwise allocate it in the graph's pool, and every replay would zero it.
             ops.error_word(self.device)
@@ -148,7 +150,7 @@ class MegaMoE(torch.nn.Module):
         preallocated intermediates (FP8 L1 output and its scales; the quantised input when preallocated)."""
         buf = self.buffer.memory_report()
         inter = {"l1_q": self._aq.numel(), "l1_s": self._a_s.numel() * 4,
-                 "x_q": self._xq.numel(), "x_s": self._xs.numel() * 4}
+                 "x_q": self._xq.numel(), "x_s": self._xs.numel() * 4, "splitk": self._splitk.nbytes}
         wts = {"w1": weight_bytes(self.w1), "w2": weight_bytes(self.w2)}
         total = buf["total"] + sum(inter.values()) + sum(wts.values())
         return {"buffer": buf, "weights": wts, "intermediates": inter, "total": total}
@@ -208,7 +210,8 @@ class MegaMoE(torch.nn.Module):
                             self.w2.packed.data_ptr(), self.w2.row_scale.data_ptr(), self.intermediate,
                             self._aq.data_ptr(), self._a_s.data_ptr(), y.data_ptr() or None, self._block_n(T),
                             self.activation_clamp, int(self.pow2_scales), self.buffer.raw.data_ptr(),
-                            None if self._phase_stamps is None else self._phase_stamps.data_ptr(), stream)
+                            None if self._phase_stamps is None else self._phase_stamps.data_ptr(),
+                            *self._splitk.args_ptrs(), stream)
 
         self.buffer.run_fused(launch, xq)
         return y
@@ -223,23 +226,29 @@ class MegaMoE(torch.nn.Module):
         block_n = self._block_n(T)
         ops.grouped_gemm_l1(pool, ps, self.w1, pw, group_offsets=offsets, group_counts=counts,
                             activation_clamp=self.activation_clamp, pow2=self.pow2_scales, block_n=block_n,
-                            out=(self._aq, self._a_s))
+                            out=(self._aq, self._a_s), splitk=self._splitk)
         cin = buf.combine_input()
         ops.grouped_gemm(self._aq, self._a_s, self.w2, group_offsets=offsets, group_counts=counts, block_n=block_n,
-                         out=cin)
+                         out=cin, splitk=self._splitk)
         return cin
 
     # ---- errors and teardown ---------------------------------------------------------------------
     def check_errors(self) -> None:
         """Synchronise and raise the first device-side error any of the layer's kernels reported (a bad
-        expert id seen by dispatch, a timeout naming rank and phase, a GEMM pipeline error)."""
-        self.buffer.check_errors()
-        self._ops.check_errors()
+        expert id seen by dispatch, a timeout naming rank and phase, a GEMM pipeline error). A stopped call
+        can leave the split-K counters mid-count: they are zeroed before the error propagates."""
+        try:
+            self.buffer.check_errors()
+            self._ops.check_errors()
+        except Exception:
+            self._splitk.reset()
+            raise
 
     def resync(self) -> None:
         """Collective for R > 1: after a timeout (or a device-side error) bring every rank's buffer state back
         in step (symm_comm.Buffer.resync) and clear the fused kernel's barrier words."""
         self.buffer.resync()
+        self._splitk.reset()
         if getattr(self, "_grid_words", None) is not None:
             self._grid_words.zero_()
             torch.cuda.synchronize(self.device)
