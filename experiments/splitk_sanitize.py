@@ -1,12 +1,16 @@
 """A few split-K GEMM calls for compute-sanitizer (memcheck / racecheck / synccheck): BF16 8-token and
 L1 16-token kernels, small shapes that split (fewer tiles than CTAs), checked against the unsplit call.
-Usage: compute-sanitizer --tool racecheck python3 experiments/splitk_sanitize.py"""
+Usage: compute-sanitizer --tool racecheck python3 experiments/splitk_sanitize.py [nosplit]
+(nosplit: the same calls without the workspace, for comparison)"""
+import sys
+
 import torch
 
 from fp4_gemm import numerics as nm, ops, quantize_fp8
 
 torch.manual_seed(0)
 ws = ops.SplitKWorkspace("cuda")
+use = None if "nosplit" in sys.argv else ws
 for l1, bn, (G, N, K) in ((False, 8, (3, 256, 2048)), (True, 16, (2, 512, 2048))):
     tw = nm.transform_weights(*nm.quantize_mxfp4(torch.randn(G, N, K)), gate_up_interleave=l1)
     pw = ops.prepare_weights(tw)
@@ -15,10 +19,10 @@ for l1, bn, (G, N, K) in ((False, 8, (3, 256, 2048)), (True, 16, (2, 512, 2048))
     xq, xs = quantize_fp8(torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16))
     if l1:
         w = torch.rand(sum(sizes), device="cuda")
-        a = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn, splitk=ws)[1]
+        a = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn, splitk=use)[1]
         b = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn)[1]
     else:
-        a = ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=bn, splitk=ws).float()
+        a = ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=bn, splitk=use).float()
         b = ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=bn).float()
     torch.cuda.synchronize()
     ops.check_errors()

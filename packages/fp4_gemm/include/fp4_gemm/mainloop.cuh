@@ -175,6 +175,10 @@ __device__ __forceinline__ void wait_block_mma(const uint32_t (&a)[WL::kStepsPer
 
 template <class Cfg>
 __device__ __forceinline__ void release_stage(const SmemView<Cfg>& sm, int s, int lane, uint32_t empty_cl) {
+  if constexpr (Cfg::kLaneRelease) {  // each thread after its own reads of stage s (pipeline.cuh)
+    ptx::mbar_arrive(sm.empty(s));
+    return;
+  }
   // Every lane's wgmma reads (and scale reads) of stage s completed above, before lane 0 arrives.
   __syncwarp();
   if constexpr (Cfg::kMulticast) {

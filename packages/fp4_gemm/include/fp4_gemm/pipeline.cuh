@@ -102,7 +102,11 @@ struct MainloopConfig {
   static constexpr int kScaleBytes = 4 * kScaleQuadFloats * 4;
   static constexpr int kProducerThreads = 128;  // the producer warpgroup: all 4 warps copy scales
   static constexpr int kFullArrivals = 1 + kProducerThreads;
-  static constexpr int kEmptyArrivals = kMathThreads / 32 * kClusterN;  // math warps of all CTAs of the cluster
+  // kSmem: every math thread releases (its own weight LDS reads of the stage before its own arrive: the
+  // order compute-sanitizer racecheck can follow; one lane's arrive after __syncwarp it reported as a
+  // race with the next bulk copy). kRegs (weights never in shared memory): the math warps.
+  static constexpr bool kLaneRelease = kPath == WeightPath::kSmem;
+  static constexpr int kEmptyArrivals = kLaneRelease ? kMathThreads : kMathThreads / 32 * kClusterN;
   static constexpr int kAccRegs = kBlockN / 2;
   // Decode shift tables from the 32-entry shared table indexed by (shift & 31) (decode_raw_lut32)
   // instead of the warp vote + arithmetic LUT: measured on H200 (docs/perf-notes.md) for the 8-token
