@@ -41,7 +41,10 @@ for s in "$@"; do
       timeout 150 python3 -m pytest -q --timeout 140 -m gpu tests/symm_comm 2>&1 | tail -6 | tee "$OUT/symm_tests.log" ;;
     sanitize-splitk) stamp "$s"
       for tool in memcheck racecheck synccheck; do timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 4 \
-        python3 experiments/splitk_sanitize.py 2>&1 | cut -c1-200 | grep -E "Error|SUMMARY|error|split-K|^ok" | head -8; done ;;
+        python3 bench/profile_splitk.py 2>&1 | cut -c1-200 | grep -E "Error|SUMMARY|error|split-K|^ok" | head -8; done ;;
+    race-kSmem) stamp "$s"  # racecheck: the 8-token ring reused (K 2048) and the split-K paths
+      timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_gemm.py masked 3 8 256 2048 2>&1 | tail -1
+      timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_splitk.py 2>&1 | tail -2 ;;
     splitk) stamp "$s"
       (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"

@@ -27,9 +27,12 @@ for s in "${steps[@]}"; do
       cp bench/results/*"${MEGAMOE_COMMIT:-none}"* "$OUT/" 2>/dev/null ;;
     sanitize|sanitize-gemm|sanitize-symm)
       for tool in memcheck racecheck; do
-        [ "$s" = sanitize-symm ] || for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256"; do
-          timeout "$T" compute-sanitizer --tool $tool --error-exitcode 9 \
-            python3 bench/profile_gemm.py $case >> "$OUT/sanitize_$tool.log" 2>&1
+        # (masked 8 tokens, K 2048: the ring's stages reused, bulk-copied weights; profile_splitk.py: the
+        # 8- / 16-token split-K paths)
+        [ "$s" = sanitize-symm ] || for case in "contiguous 3 100 256 256" "l1 3 100 256 256" "masked 3 8 256 256" \
+                                                "masked 3 8 256 2048" "splitk"; do
+          if [ "$case" = splitk ]; then cmd=(python3 bench/profile_splitk.py); else cmd=(python3 bench/profile_gemm.py $case); fi
+          timeout "$T" compute-sanitizer --tool $tool --error-exitcode 9 "${cmd[@]}" >> "$OUT/sanitize_$tool.log" 2>&1
           r=$?; rc=$((rc | r)); tail -1 "$OUT/sanitize_$tool.log"; echo "sanitize $tool ($case) rc=$r"
         done
         # symm_comm on every GPU (one rank each): 37 x top-4 = 148 ids the plain pull, 512 the small-T

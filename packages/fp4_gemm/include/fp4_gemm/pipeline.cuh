@@ -26,7 +26,11 @@
 //    (kFullArrivals pending), and the expect_tx arrival adds the bytes atomically with its arrive.
 //    It cannot land in the previous phase: the peer issues iteration i only after this CTA's math
 //    warps released iteration i - kNumStages (below), i.e. after they saw that phase complete.
-//  - empty[s] counts kEmptyArrivals = 8 warps x 2 CTAs: each math warp, after the wgmma.wait_group
+//  - empty[s] counts kEmptyArrivals. kSmem path (weights in the stage, read by LDS): every math thread
+//    arrives (release.cta) after its own reads of stage s (256 arrivals; one lane's arrive after a
+//    __syncwarp is as correct, but compute-sanitizer racecheck reported it as a race with the next
+//    bulk copy; the per-thread arrivals measured no slower, gemm A/B 2026-12-02). kRegs path with
+//    multicast: 8 warps x 2 CTAs: each math warp, after the wgmma.wait_group
 //    covering stage s (tensor-core reads of its tokens done) and its scale loads, arrives on the
 //    empty[s] of BOTH CTAs (lane r -> rank r: mbarrier.arrive on the mapa shared::cluster address).
 //    A producer thus issues its multicast into stage s, which writes into both CTAs, only once the

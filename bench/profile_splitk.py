@@ -1,6 +1,6 @@
 """A few split-K GEMM calls for compute-sanitizer (memcheck / racecheck / synccheck): BF16 8-token and
 L1 16-token kernels, small shapes that split (fewer tiles than CTAs), checked against the unsplit call.
-Usage: compute-sanitizer --tool racecheck python3 experiments/splitk_sanitize.py [nosplit]
+Usage: compute-sanitizer --tool racecheck python3 bench/profile_splitk.py [nosplit]
 (nosplit: the same calls without the workspace, for comparison)"""
 import sys
 
