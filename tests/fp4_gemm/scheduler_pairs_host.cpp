@@ -1,5 +1,5 @@
 // Host-side check of GroupedScheduler (scheduler.cuh) for 2-CTA clusters, compiled by
-// test_scheduler_pairs.py with the device intrinsics stubbed: for random grouped problems
+// test_scheduler_pairs.py (the scheduler takes its worker from the caller: no intrinsics): for random grouped problems
 // (contiguous and masked, empty groups, odd n-block counts, any number of clusters), the two CTAs of
 // every cluster walk the same token-tile sequence (lock-step), rank 0 always has a real tile, rank 1
 // gets n-block + 1 or a dummy (rows 0) only past the last n-block, and the real tiles of all CTAs are
@@ -18,15 +18,6 @@ using std::min;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-struct Dim3 { unsigned x; };
-static Dim3 blockIdx, gridDim;
-static unsigned g_rank, g_cluster, g_clusters;
-namespace fp4_gemm::ptx {
-inline uint32_t cluster_id_x() { return g_cluster; }
-inline uint32_t num_clusters_x() { return g_clusters; }
-inline uint32_t cluster_ctarank() { return g_rank; }
-
-}  // namespace fp4_gemm::ptx
 inline int __ldg(const int* p) { return *p; }
 #include "scheduler_stripped.h"  // scheduler.cuh without its ptx.cuh include
 
@@ -62,9 +53,7 @@ int main() {
     for (unsigned c = 0; c < clusters && !why; ++c) {
       std::vector<Tile> seq[2];
       for (unsigned r = 0; r < 2; ++r) {
-        g_rank = r, g_cluster = c, g_clusters = clusters;
-        blockIdx.x = 2 * c + r, gridDim.x = 2 * clusters;
-        GroupedScheduler<128, 128, 2> s(pb);
+        GroupedScheduler<128, 128, 2> s(pb, nullptr, {int(c), int(clusters), int(r)});
         Tile t;
         while (s.next(t)) seq[r].push_back(t);
       }
@@ -82,8 +71,7 @@ int main() {
           }
       }
     }
-    blockIdx.x = 0, gridDim.x = 1;
-    GroupedScheduler<128, 128, 1> s1(pb);
+    GroupedScheduler<128, 128, 1> s1(pb, nullptr, {0, 1, 0});
     Tile t;
     while (s1.next(t)) ref[{t.group, t.n_block, t.row0, t.rows}] += 1;
     if (!why && seen != ref) why = "real tiles differ from the 1-CTA scheduler's";
@@ -116,8 +104,6 @@ int main() {
     const char* why = nullptr;
     for (unsigned c = 0; c < units && !why; ++c)
       for (unsigned r = 0; r < unsigned(cl) && !why; ++r) {
-        g_rank = r, g_cluster = c, g_clusters = units;
-        blockIdx.x = cl * c + r, gridDim.x = cl * units;
         std::vector<Tile> seq;
         Tile t;
         auto both = [&](Tile u) { seq.push_back(u); ++u.n_block; seq.push_back(u); };
@@ -130,12 +116,13 @@ int main() {
         };
         if (cl == 2) {
           GroupedScheduler<128, 128, 2, 2>::build_table(pb, tab.data(), nullptr, 0, 0);
-          GroupedScheduler<128, 128, 2, 2> s(pb), st(pb, tab.data());
+          GroupedScheduler<128, 128, 2, 2> s(pb, nullptr, {int(c), int(units), int(r)}),
+              st(pb, tab.data(), {int(c), int(units), int(r)});
           while (s.next(t)) both(t);
           while (st.next(t)) with_table.push_back(t);
         } else {
           GroupedScheduler<128, 128, 1, 2>::build_table(pb, tab.data(), nullptr, 0, 0);
-          GroupedScheduler<128, 128, 1, 2> s(pb), st(pb, tab.data());
+          GroupedScheduler<128, 128, 1, 2> s(pb, nullptr, {int(c), int(units), 0}), st(pb, tab.data(), {int(c), int(units), 0});
           while (s.next(t)) both(t);
           while (st.next(t)) with_table.push_back(t);
         }
@@ -153,8 +140,7 @@ int main() {
             }
         }
       }
-    blockIdx.x = 0, gridDim.x = 1;
-    GroupedScheduler<128, 128, 1> s1(pb);
+    GroupedScheduler<128, 128, 1> s1(pb, nullptr, {0, 1, 0});
     Tile t;
     while (s1.next(t)) ref[{t.group, t.n_block, t.row0, t.rows}] += 1;
     for (auto& kv : ref) {  // the 1-CTA reference, counts applied by hand
@@ -198,8 +184,7 @@ int main() {
     const char* why = nullptr;
     int splits = 0;
     for (unsigned c = 0; c < ctas && !why; ++c) {
-      blockIdx.x = c, gridDim.x = ctas;
-      SK s(pb, tab.data());
+      SK s(pb, tab.data(), {int(c), int(ctas), 0});
       splits = s.splits;
       if (s.splits != want) why = "splits differ from choose_k_splits";
       Tile t;
@@ -213,8 +198,7 @@ int main() {
       }
     }
     std::map<std::tuple<int, int, int64_t, int>, int> ref;
-    blockIdx.x = 0, gridDim.x = 1;
-    S1 s1(pb, tab.data());
+    S1 s1(pb, tab.data(), {0, 1, 0});
     Tile t;
     while (s1.next(t)) ref[{t.group, t.n_block, t.row0, t.rows}] += 1;
     if (!why && ref.size() != ranges.size()) why = "split units differ from the unsplit units";

@@ -71,7 +71,11 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
   __syncthreads();  // the shift LUT and the unit table complete (CTA-local) before any role reads them
   using Regs = RegisterSplit<kThreads, Cfg::kCtasPerSm>;
   using ML = Mainloop<Cfg>;
-  const Sched sched(args.pb, sm.unit_table());
+  // One worker per CTA, or per 2-CTA cluster (both CTAs walk the cluster's unit sequence).
+  const Worker worker = Cfg::kMulticast ? Worker{int(ptx::cluster_id_x()), int(ptx::num_clusters_x()),
+                                                 int(ptx::cluster_ctarank())}
+                                        : Worker{int(blockIdx.x), int(gridDim.x), 0};
+  const Sched sched(args.pb, sm.unit_table(), worker);
   // No role returns from here on: a timeout ends the role's loop, and every thread reaches the
   // exit cluster barrier below (multicast) once its own time-limited waits are over.
   if (tid < 128) {

@@ -85,7 +85,8 @@ __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const
                                               const fg::GroupedProblem& pb, const fg::WeightOperand& w,
                                               const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
                                               uint64_t timeout_ns) {
-  fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table), threadIdx.x, err, timeout_ns);
+  const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};  // one worker per CTA
+  fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
 }
 
 template <class Cfg, fg::EpilogueKind kEpi>
@@ -93,7 +94,8 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
                                            const fg::WeightOperand& w, const fg::EpilogueParams& e, const int* table,
                                            int wg, int tid_in_wg, const moe::ErrSink& err, uint64_t timeout_ns) {
   const fg::TileEpilogue<Cfg, kEpi> epilogue{sm, pb, w, e, wg, tid_in_wg, kMathBarriers};
-  fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table), wg, tid_in_wg, err, timeout_ns, epilogue);
+  const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};
+  fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
 }
 
 // Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the

@@ -9,8 +9,8 @@
 // The kernel owns the CTA: it assigns the threads (a 128-thread producer warpgroup, `ptid` 0..127, and
 // WL::kMathThreads math threads, warpgroup `wg` 0..1 and `tid_in_wg`), the register split, the barrier
 // list and the assembled shared memory (static_assert on its total); it builds the scheduler (its unit
-// table by the whole CTA before the roles split) and passes it by value to both roles, which walk the
-// same tile sequence. The pipeline contract between the two roles is at the top of pipeline.cuh.
+// table by the whole CTA before the roles split, its Worker from the kernel's own CTA -> work mapping:
+// no part here reads blockIdx) and passes it by value to both roles, which walk the same tile sequence. The pipeline contract between the two roles is at the top of pipeline.cuh.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>

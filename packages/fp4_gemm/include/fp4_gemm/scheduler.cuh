@@ -118,6 +118,13 @@ __device__ inline int load_size(const int* p) { return *p; }
 constexpr int kMaxTableGroups = 1024;
 constexpr int kUnitTableBytes = kMaxTableGroups * 4;
 
+// Which worker of the launch a scheduler serves (the kernel maps its CTAs or clusters to workers; the
+// scheduler reads no blockIdx): worker `index` of `count` takes units index, index + count, ...; `rank`:
+// this CTA's place in a cluster (kClusterN = 2), else 0.
+struct Worker {
+  int index, count, rank;
+};
+
 template <int kBlockN, int kBlockRows, int kClusterN = 1, int kPairN = 1, bool kSplitK = false>
 struct GroupedScheduler {
   static_assert(!kSplitK || kClusterN == 1, "split-K: one CTA per unit");
@@ -142,17 +149,11 @@ struct GroupedScheduler {
     return int(min(int64_t(sk.counter_slots), by_floats));
   }
 
-  // unit_table: the CTA's build_table result (all threads built it and synchronised), or nullptr.
-  __device__ GroupedScheduler(const GroupedProblem& p, const int* unit_table = nullptr) : pb(p) {
+  // unit_table: the CTA's build_table result (all threads built it and synchronised), or nullptr. w: this
+  // CTA's (or, with clusters, its cluster's) worker; both CTAs of a cluster pass the same index and count.
+  __device__ GroupedScheduler(const GroupedProblem& p, const int* unit_table, Worker w)
+      : pb(p), next_tile(w.index), step(w.count), rank(kClusterN > 1 ? w.rank : 0) {
     if (unit_table != nullptr && pb.num_groups <= kMaxTableGroups) table = unit_table;
-    if constexpr (kClusterN == 1) {
-      next_tile = blockIdx.x;
-      step = gridDim.x;
-    } else {
-      next_tile = int(ptx::cluster_id_x());
-      step = int(ptx::num_clusters_x());
-      rank = int(ptx::cluster_ctarank());
-    }
     if constexpr (kSplitK) {
       if (table != nullptr && pb.num_groups > 0)
         splits = choose_k_splits(table[pb.num_groups - 1], pb.sk.workers, pb.k / WL::kBlockK,
