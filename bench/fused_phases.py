@@ -81,6 +81,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="flash,pro")
     ap.add_argument("--tokens", default="1,16,128,512,2048,8192")
+    ap.add_argument("--no-splitk", action="store_true",
+                    help="both layers' GEMMs unsplit (their split-K workspace handed to the kernels as none)")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     dev = torch.device("cuda", 0)
@@ -89,6 +91,9 @@ def main():
     for preset in args.preset.split(","):
         shape = PRESETS[preset]
         built = {b: _build(b, shape, 1, 0, None, max(tokens), 1, dev) for b in ("fused", "staged")}
+        if args.no_splitk:  # the layers pass their workspace to every GEMM: make it pass none
+            for layer, *_ in built.values():
+                layer._splitk.args_ptrs = lambda: (None, 0, None, 0)
         for T in tokens:
             sets = _inputs(T, 1, 0, shape, 1, dev)
             row = {"preset": preset, "T": T}
@@ -114,8 +119,10 @@ def main():
     cols = ["preset", "T", "staged_us", "fused_us", "staged:quantise", "staged:dispatch", "staged:L1", "staged:L2",
             "staged:combine", "fused:quantise", "fused:fused", "ph:skew", "ph:D", "ph:D_cta_spread", "ph:L1",
             "ph:L1_prod_spread", "ph:L2", "ph:L2_prod_spread", "ph:C", "ph:total", "ph:ctas", "ph:busy_ctas", "ph:sms_2busy"]
-    write_results("fused-phases", header({"stamps": "us from the first CTA's start; D/L1/L2/C end at the last "
-                                          "CTA's exit of grid barriers 0/1/2 and its combine end"}), rows, cols)
+    write_results("fused-phases" + ("-nosplitk" if args.no_splitk else ""),
+                  header({"stamps": "us from the first CTA's start; D/L1/L2/C end at the last "
+                          "CTA's exit of grid barriers 0/1/2 and its combine end", "splitk": not args.no_splitk}),
+                  rows, cols)
 
 
 if __name__ == "__main__":
