@@ -45,6 +45,13 @@ for s in "$@"; do
     race-kSmem) stamp "$s"  # racecheck: the 8-token ring reused (K 2048) and the split-K paths
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_gemm.py masked 3 8 256 2048 2>&1 | tail -1
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_splitk.py 2>&1 | tail -2 ;;
+    symm-ab) stamp "$s"  # issue 23: symm_comm GPU tests + memcheck (build/lib) and bench/comm.py after / before
+      bash experiments/symm_ab_run.sh build/lib build-before/lib 2>&1 | tail -30 ;;
+    l2bars) stamp "$s"  # branch exp-l2bars' libraries (build-exp-l2bars/lib, carried): fused tests + racecheck
+      export_lib="MEGAMOE_LIB_DIR=$PWD/build-exp-l2bars/lib"
+      env $export_lib timeout 120 python3 -m pytest -q --timeout 110 tests/megamoe/test_fused_gpu.py 2>&1 | tail -2
+      for T_ in 33 512; do env $export_lib timeout 100 compute-sanitizer --tool racecheck --report-api-errors no \
+        --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused 2>&1 | grep -E "SUMMARY|profile_layer" | tail -2; done ;;
     splitk) stamp "$s"
       (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"
