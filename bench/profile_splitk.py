@@ -19,8 +19,11 @@ for l1, bn, (G, N, K) in ((False, 8, (3, 256, 2048)), (True, 16, (2, 512, 2048))
     xq, xs = quantize_fp8(torch.randn(sum(sizes), K, device="cuda", dtype=torch.bfloat16))
     if l1:
         w = torch.rand(sum(sizes), device="cuda")
-        a = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn, splitk=use)[1]
-        b = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn)[1]
+        qa, a = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn, splitk=use)
+        qb, b = ops.grouped_gemm_l1(xq, xs, pw, w, group_offsets=offs, block_n=bn)
+        codes = float((qa.view(torch.uint8) != qb.view(torch.uint8)).double().mean())
+        print(f"split-K L1 bn{bn}: E4M3 codes differing from unsplit {codes:.4f}")
+        assert codes < 0.01  # a different sum order may move a code by one step, rarely
     else:
         a = ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=bn, splitk=use).float()
         b = ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=bn).float()

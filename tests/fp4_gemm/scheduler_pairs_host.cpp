@@ -157,6 +157,7 @@ int main() {
   // Split-K (kSplitK, the unit table): splits = choose_k_splits(units, workers, k_blocks, slots); the
   // split-units of all CTAs are the unsplit units times their splits, each unit's K ranges partition
   // [0, k_blocks) in split order, slot = unit * splits + split (unique, inside the workspace).
+  int split_trials = 0;  // trials that did split (the checks below must not pass vacuously)
   for (int trial = 0; trial < runs; ++trial) {
     GroupedProblem pb{};
     const int G = 1 + rng() % 8;
@@ -215,11 +216,16 @@ int main() {
       }
       if (!why && next != k_blocks) why = "K ranges do not cover K";
     }
+    split_trials += splits > 1;
     if (why) {
       printf("FAIL split-K trial %d (G %d, n %d, k %d, ctas %u, splits %d): %s\n", trial, G, pb.n, pb.k, ctas, splits,
              why);
       return 1;
     }
+  }
+  if (split_trials < runs / 4) {
+    printf("FAIL split-K: only %d of %d trials split\n", split_trials, runs);
+    return 1;
   }
   printf("ok %d\n", 3 * runs);
   return 0;

@@ -27,7 +27,14 @@ from layer_cases import generator, make_inputs, poison  # noqa: E402
 BM = 128
 
 
-SPLITK = object()  # the layer's split-K workspace as FakeOps sees it passed (the layer's own, to both GEMMs)
+class _SplitK:  # the layer's split-K workspace as FakeOps sees it passed (the layer's own, to both GEMMs)
+    resets = 0
+
+    def reset(self):  # the layer zeroes it when a call raises
+        _SplitK.resets += 1
+
+
+SPLITK = _SplitK()
 
 
 class FakeOps:
@@ -187,5 +194,7 @@ def test_staged_pipeline_bitwise(no_cuda_contexts, E, H, I, K, clamp, pow2):
     # block_n follows the expected rows per expert, ceil(T * R * K / E), T >= 1
     want = [real_ops.pick_block_n(-(-max(T, 1) * K // E)) for T in (7, 1, T_max, 0, 13, 5, T_max)]
     assert [b for what, b in layer._ops.calls if what == "l1"] == want
+    resets = _SplitK.resets
     with pytest.raises(ValueError, match="topk_idx: expert id"):
         layer(*make_inputs(generator(5, 99), 3, H, E + 1, K, p_missing=0.0, hot=E))
+    assert _SplitK.resets == resets + 1, "a call that raised must zero the split-K workspace"

@@ -99,8 +99,8 @@ grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const GemmArgs a
 
 template <class Cfg, Epilogue kEpi>
 int launch(const GemmArgs& a, const void* x, int num_sms, cudaStream_t stream) {
-  static_assert(!Cfg::kSplitK || ((Cfg::kBlockN == 8 || Cfg::kBlockN == 16) && Cfg::kCtasPerSm == kSplitKCtasPerSm),
-                "fp4g_splitk_floats_per_slot, SplitKSpace::workers");
+  static_assert(Cfg::kSplitK == (Cfg::kBlockN <= 16) && (!Cfg::kSplitK || Cfg::kCtasPerSm == kSplitKCtasPerSm),
+                "split-K at block_n 8 / 16 (the fused kernel asserts the same), fp4g_splitk_floats_per_slot, workers");
   // Token tensor map: box of kBlockK bytes x kTmaBoxRows rows (half the tile with multicast).
   CUtensorMap map;
   if (const int rc = make_tensor_map_2d_u8(&map, x, a.pb.k, a.pb.rows, a.pb.k, WL::kBlockK, Cfg::kTmaBoxRows))
@@ -231,7 +231,8 @@ extern "C" int fp4g_grouped_gemm_bf16(const void* x, const float* x_scales, cons
                                       cudaStream_t stream) {
   using namespace fp4_gemm;
   if (timeout_ns <= 0 || sk_floats < 0 || sk_slots < 0) return FP4G_EINVAL;
-  if (reinterpret_cast<uintptr_t>(sk_partials) % 16) return FP4G_EALIGN;
+  if ((sk_partials == nullptr) != (sk_counters == nullptr)) return FP4G_EINVAL;  // a workspace is both or none
+  if (reinterpret_cast<uintptr_t>(sk_partials) % 16 || reinterpret_cast<uintptr_t>(sk_counters) % 4) return FP4G_EALIGN;
   GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, sk_partials, sk_floats,
                          sk_counters, sk_slots, err, timeout_ns);
   a.epi.out = static_cast<__nv_bfloat16*>(out);
@@ -248,7 +249,8 @@ extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const 
   using namespace fp4_gemm;
   // (the clamp test also rejects a NaN clamp)
   if (!(activation_clamp >= 0.f) || timeout_ns <= 0 || sk_floats < 0 || sk_slots < 0) return FP4G_EINVAL;
-  if (reinterpret_cast<uintptr_t>(sk_partials) % 16) return FP4G_EALIGN;
+  if ((sk_partials == nullptr) != (sk_counters == nullptr)) return FP4G_EINVAL;  // a workspace is both or none
+  if (reinterpret_cast<uintptr_t>(sk_partials) % 16 || reinterpret_cast<uintptr_t>(sk_counters) % 4) return FP4G_EALIGN;
   GemmArgs a = make_args(x_scales, w_packed, row_scale, group_sizes, group_counts, layout, sk_partials, sk_floats,
                          sk_counters, sk_slots, err, timeout_ns);
   a.epi.l1 = L1Args{topk_w, static_cast<uint8_t*>(out_q), out_s, activation_clamp, pow2_scales != 0};

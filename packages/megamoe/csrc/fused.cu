@@ -132,6 +132,9 @@ struct FusedSmem {
   static constexpr int kBytes = kStateOff + int(sizeof(FusedState));
   static_assert(kBytes <= 232448 / CL1::kCtasPerSm - (CL1::kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(CL1::kCtasPerSm == CL2::kCtasPerSm && CL1::kBlockN == CL2::kBlockN, "one token tile, one split");
+  // The staged GEMMs split K at block_n 8 / 16 (grouped_gemm.cu's configurations): the fused kernel must
+  // split exactly there too, or the two paths' bits would differ.
+  static_assert(CL1::kSplitK == (CL1::kBlockN <= 16) && CL2::kSplitK == CL1::kSplitK, "split-K where staged splits");
 };
 
 template <class CL1, class CL2>
@@ -366,8 +369,8 @@ extern "C" MOE_API int megamoe_fused_forward(const SymmLayout* layout, const uin
       L.cmb_in_rows < L.pool_rows || !(activation_clamp >= 0.f) || !w1 || !w1_rs || !w2 || !w2_rs || !l1_q || !l1_s)
     return MOE_EINVAL;
   if (num_tokens > 0 && (!x_q || !x_s || !topk_idx || !topk_w || !y)) return MOE_EINVAL;
-  if (sk_floats < 0 || sk_slots < 0) return MOE_EINVAL;
-  if (!aligned16(sk_partials)) return MOE_EALIGN;
+  if (sk_floats < 0 || sk_slots < 0 || (sk_partials == nullptr) != (sk_counters == nullptr)) return MOE_EINVAL;
+  if (!aligned16(sk_partials) || reinterpret_cast<uintptr_t>(sk_counters) % 4) return MOE_EALIGN;
   if (!aligned16(x_q) || !aligned16(x_s) || !aligned16(topk_w) || !aligned16(peers) || !aligned16(y) ||
       !aligned16(w1) || !aligned16(w2) || !aligned16(l1_q) || !aligned16(local_base))
     return MOE_EALIGN;

@@ -148,12 +148,20 @@ def describe_error(words) -> str:
 
 
 def check_errors():
-    """Raise if any GEMM launched so far reported a device-side error (synchronises). Clears it."""
+    """Raise if any GEMM launched so far reported a device-side error (synchronises). Clears it, and zeroes
+    the counters of every live SplitKWorkspace (a stopped split-K call can leave them mid-count)."""
     for key, w in _err_words.items():
         words = w.tolist() if key[0] == "torch" else w.get().tolist()
         if words[0]:
             w.fill(0)
+            reset_splitk_workspaces()
             raise RuntimeError(f"fp4_gemm kernel error on device {key[1]}: {describe_error(words)}")
+
+
+def reset_splitk_workspaces():
+    """Zero the counters of every live SplitKWorkspace (after any kernel error)."""
+    for ws in list(_live_workspaces or ()):
+        ws.reset()
 
 
 def _timeout_ns(timeout_s) -> int:
@@ -165,12 +173,16 @@ def _timeout_ns(timeout_s) -> int:
 SPLITK_SLOTS_PER_CTA = 4  # workspace slots per CTA of the few-token grid (2 per SM): scheduler.cuh's S <= slots / units
 
 
+_live_workspaces = None  # weakref.WeakSet of SplitKWorkspace (check_errors zeroes them after an error)
+
+
 class SplitKWorkspace:
     """Scratch of the few-token GEMMs' split-K (block_n 8 / 16, when a call has fewer tiles than CTAs:
     e.g. 1-4 tokens on a handful of experts): FP32 partial sums and u32 arrival counters, ZERO between
     calls (every completed call leaves them so). Pass it as `splitk=` to grouped_gemm / grouped_gemm_l1;
     without one those GEMMs run unsplit. One workspace per stream (calls in flight together must not
-    share one); after a kernel error (check_errors raised) call reset(). torch tensors on `device`."""
+    share one); after a kernel error the counters may be mid-count: check_errors() zeroes every live
+    workspace when it raises, else call reset(). torch tensors on `device`."""
 
     def __init__(self, device="cuda", slots: int | None = None):
         LIB.require()
@@ -189,6 +201,11 @@ class SplitKWorkspace:
         self.partials = torch.empty(slots * per_slot, dtype=torch.float32, device=f"cuda:{idx}")
         self.counters = torch.zeros(slots, dtype=torch.int32, device=f"cuda:{idx}")
         self.device = idx
+        global _live_workspaces
+        if _live_workspaces is None:
+            import weakref
+            _live_workspaces = weakref.WeakSet()
+        _live_workspaces.add(self)
 
     @property
     def nbytes(self) -> int:

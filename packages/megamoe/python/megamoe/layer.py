@@ -39,6 +39,16 @@ __all__ = ["MegaMoE", "AUTO_FUSED_MAX_TOKENS"]
 AUTO_FUSED_MAX_TOKENS = -1
 
 
+_SPLITK = {}  # device index -> the layers' shared fp4_gemm SplitKWorkspace
+
+
+def _shared_splitk(ops, device):
+    d = device.index
+    if d not in _SPLITK:
+        _SPLITK[d] = ops.SplitKWorkspace(device)
+    return _SPLITK[d]
+
+
 class MegaMoE(torch.nn.Module):
     """The MoE layer of one rank. Rank r of R holds experts [r*E/R, (r+1)*E/R).
 
@@ -59,6 +69,9 @@ class MegaMoE(torch.nn.Module):
         dispatch kernel's own device-side error word still reports a bad id: the next call on the layer
         (or layer.check_errors()) raises it, and that call's output is undefined.
 
+    splitk_workspace: the fp4_gemm.ops.SplitKWorkspace its few-token GEMMs use (None: one per device, shared
+        by every layer on it, whose calls run in stream order; give a layer called concurrently with another
+        on a different stream its own).
     pool_rows: the dispatch pool's capacity in rows (0: the worst case, every rank's tokens x topk, so it never
         overflows). Smaller saves memory; a call that needs more raises SymmCommError (pool overflow; nothing
         is computed for it) from the next call or check_errors(), and the layer stays usable.
@@ -74,7 +87,7 @@ class MegaMoE(torch.nn.Module):
     def __init__(self, weights, *, max_tokens_per_rank: int, topk: int, group=None,
                  activation_clamp: float = math.inf, pow2_scales: bool = False, backend: str = "staged",
                  comm_backend: str = "torch", timeout_s: float = 10.0, device=None, check_ids: bool = True,
-                 num_sms: int = 0, pool_rows: int = 0, verbose: bool = False):
+                 num_sms: int = 0, pool_rows: int = 0, verbose: bool = False, splitk_workspace=None):
         super().__init__()
         check_layer_args(max_tokens_per_rank=max_tokens_per_rank, topk=topk, activation_clamp=activation_clamp,
                          backend=backend, timeout_s=timeout_s)
@@ -131,8 +144,14 @@ class MegaMoE(torch.nn.Module):
             self._a_s = torch.empty((P, I // SCALE_GROUP), dtype=torch.float32, device=self.device)
             self._xq = torch.empty((max_tokens_per_rank, H), dtype=torch.float8_e4m3fn, device=self.device)
             self._xs = torch.empty((max_tokens_per_rank, H // SCALE_GROUP), dtype=torch.float32, device=self.device)
-            # The few-token GEMMs' split-K scratch (fp4_gemm SplitKWorkspace; both backends, both GEMMs).
-            self._splitk = ops.SplitKWorkspace(self.device)
+            # The few-token GEMMs' split-K scratch (fp4_gemm SplitKWorkspace; both backends, both GEMMs): one
+            # per device, shared by the layers on it (calls of one device's layers run in stream order; a
+            # layer called concurrently on another stream needs its own: splitk_workspace=).
+            if splitk_workspace is not None and (not isinstance(splitk_workspace, ops.SplitKWorkspace) or
+                                                 splitk_workspace.device != self.device.index):
+                raise ValueError(f"splitk_workspace: expected a fp4_gemm.ops.SplitKWorkspace on {self.device}, got "
+                                 f"{splitk_workspace!r}")
+            self._splitk = splitk_workspace if splitk_workspace is not None else _shared_splitk(ops, self.device)
             # The GEMMs' device error word, created here: a first call inside CUDA-graph capture would
             # otherwise allocate it in the graph's pool, and every replay would zero it.
             ops.error_word(self.device)
@@ -177,6 +196,16 @@ class MegaMoE(torch.nn.Module):
         return torch.ops.megamoe.moe_forward(x, topk_idx, topk_w, self._layer_id)
 
     def _forward_impl(self, x, topk_idx, topk_w):
+        try:
+            return self._forward_checked(x, topk_idx, topk_w)
+        except Exception:
+            # A kernel error surfaces here at the next call (the buffer raises the previous call's record):
+            # that call may have left the split-K counters mid-count.
+            if getattr(self, "_splitk", None) is not None:
+                self._splitk.reset()
+            raise
+
+    def _forward_checked(self, x, topk_idx, topk_w):
         if self._closed:
             raise RuntimeError("megamoe.MegaMoE: the layer was destroyed")
         T = check_forward(self.config, x, topk_idx, topk_w)
