@@ -179,7 +179,7 @@ int main() {
     std::vector<int> tab(kMaxTableGroups);
     S1::build_table(pb, tab.data(), nullptr, 0, 0);
     const int k_blocks = pb.k / 128, units = G > 0 ? tab[G - 1] : 0;
-    const int want = choose_k_splits(units, pb.sk.workers, k_blocks, SK::split_slots(pb.sk, 4));
+    const int want = choose_k_splits(units, pb.sk.workers, k_blocks, SK::split_slots(pb.sk));
     std::map<std::tuple<int, int, int64_t, int>, std::vector<std::pair<int, int>>> ranges;  // unit -> (split, kb0)
     std::map<int, int> slot_seen;
     const char* why = nullptr;

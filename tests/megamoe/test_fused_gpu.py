@@ -57,6 +57,22 @@ def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert_fused_equals_staged(a, b, f"{what}, {why(SEED)}")
 
 
+def _run_both(staged, fused, x, idx, w, what: str, before=None):
+    """Both layers on the same inputs, their intermediates NaN-poisoned first (and `before()` called),
+    errors checked, the outputs compared bitwise; returns (staged y, fused y)."""
+    poison(staged)
+    poison(fused)
+    if before is not None:
+        before()
+    ys = staged(x, idx, w)
+    yf = fused(x, idx, w)
+    torch.cuda.synchronize()
+    staged.check_errors()
+    fused.check_errors()
+    _same(yf, ys, what)
+    return ys, yf
+
+
 def _kw(kind: str, E: int) -> dict:
     return (dict(hot=E - 1) if kind == "hot" else dict(hot=0, p_missing=0.0) if kind == "one_expert" else
             dict(all_missing=True) if kind == "all_missing" else dict(idx_dtype=torch.int32) if kind == "int32" else
@@ -75,15 +91,8 @@ def test_fused_equals_staged(pair, kind, T):
     for rep in range(2):
         x, idx, w = (t.cuda() for t in make_inputs(generator(SEED, T, rep, zlib.crc32(kind.encode())), T, H, E, K,
                                                    **_kw(kind, E)))
-        poison(staged)
-        poison(fused)
-        ys = staged(x, idx, w)
-        yf = fused(x, idx, w)
-        torch.cuda.synchronize()
-        staged.check_errors()
-        fused.check_errors()
         what = f"{name} {kind} T={T} rep {rep}"
-        _same(yf, ys, what)
+        _, yf = _run_both(staged, fused, x, idx, w, what)
         if rep == 0:  # the fused layer's own L1 output and pool, against the float64 L2 + combine
             check_metric(metric(yf, stage_reference_y(fused, weights, idx)), f"{what}, {why(SEED)}", stage=True)
         if kind in ("all_missing", "zero"):
@@ -227,17 +236,9 @@ def test_split_k_fused_equals_staged():
         for T in (1, 2, 4):
             for rep in range(2):
                 x, idx, w = (t.cuda() for t in make_inputs(generator(SEED, T, rep, 4096), T, H, E, K, p_missing=0.0))
-                poison(staged)
-                poison(fused)
-                for ws in (ws_s, ws_f):
-                    ws.partials.fill_(float("nan"))
-                ys = staged(x, idx, w)
-                yf = fused(x, idx, w)
-                torch.cuda.synchronize()
-                staged.check_errors()
-                fused.check_errors()
                 what = f"split-K T={T} rep {rep}"
-                _same(yf, ys, what)
+                _run_both(staged, fused, x, idx, w, what,
+                          before=lambda: [ws.partials.fill_(float("nan")) for ws in (ws_s, ws_f)])
                 for name, ws in (("staged", ws_s), ("fused", ws_f)):
                     assert int(ws.counters.abs().sum()) == 0, f"{what}: {name} left split-K counters non-zero"
                     assert bool((~torch.isnan(ws.partials)).any()), f"{what}: {name} did not split K"

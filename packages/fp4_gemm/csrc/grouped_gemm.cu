@@ -260,7 +260,7 @@ extern "C" int fp4g_grouped_gemm_l1(const void* x, const float* x_scales, const 
 extern "C" int fp4g_splitk_floats_per_slot(int block_n, int l1) {
   using namespace fp4_gemm;
   if (block_n != 8 && block_n != 16) return 0;  // the split-K configurations (MainloopConfig::kSplitK)
-  return (l1 ? 2 : 1) * WL::kMathThreads * (block_n / 2);
+  return splitk_slot_floats(block_n, l1 ? 2 : 1);
 }
 
 extern "C" int fp4g_splitk_splits(int units, int workers, int k_blocks, int slots) {

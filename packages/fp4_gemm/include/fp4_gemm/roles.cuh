@@ -84,7 +84,8 @@ struct TileEpilogue {
 // instruction writes 256 consecutive float4s).
 template <class Cfg>
 __device__ __forceinline__ float* split_partial(const SplitKSpace& sk, int slot, int h, int tid_m) {
-  return sk.partials + (int64_t(slot) * Cfg::kPairN + h) * (WL::kMathThreads * Cfg::kAccRegs) + tid_m * 4;
+  return sk.partials + int64_t(slot) * splitk_slot_floats(Cfg::kBlockN, Cfg::kPairN) +
+         h * (WL::kMathThreads * Cfg::kAccRegs) + tid_m * 4;
 }
 
 template <class Cfg>
@@ -102,7 +103,7 @@ __device__ __forceinline__ void store_partial(const SplitKSpace& sk, int slot, i
 template <class Cfg>
 __device__ __forceinline__ void sum_partials(const SplitKSpace& sk, const Tile& t, int splits, int h, int tid_m,
                                              float (&acc)[Cfg::kAccRegs]) {
-  constexpr int kSlotFloats = Cfg::kPairN * WL::kMathThreads * Cfg::kAccRegs;
+  constexpr int kSlotFloats = splitk_slot_floats(Cfg::kBlockN, Cfg::kPairN);
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
   // The unit's first split-unit (split index fastest). Two splits' loads in flight per step (one at a

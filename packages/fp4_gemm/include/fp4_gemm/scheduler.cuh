@@ -58,6 +58,13 @@ struct SplitKSpace {
   int workers;
 };
 
+// FP32 floats of one workspace slot: pair_n n-blocks of every math thread's accumulator fragment
+// (block_n / 2 floats each), in the order roles.cuh stores them. The one definition (the C ABI's
+// fp4g_splitk_floats_per_slot and the kernels both use it).
+__host__ __device__ constexpr int splitk_slot_floats(int block_n, int pair_n) {
+  return pair_n * WL::kMathThreads * (block_n / 2);
+}
+
 constexpr int kSplitKCtasPerSm = 2;  // the split-K configurations run 2 CTAs per SM (MainloopConfig::kSplitK)
 constexpr int kMaxKSplits = 8;
 constexpr int kMinSplitKBlocks = 4;      // K blocks per split at least
@@ -142,10 +149,10 @@ struct GroupedScheduler {
   const int* table = nullptr;  // build_table's prefix (shared memory), or null: walk
   int splits = 1;              // kSplitK: split-units per unit this launch (needs the table and a workspace)
 
-  // Workspace slots of a problem's split-K space (floats per slot: kPairN fragments of the math threads).
-  static __device__ __forceinline__ int split_slots(const SplitKSpace& sk, int acc_regs) {
+  // Workspace slots of a problem's split-K space.
+  static __device__ __forceinline__ int split_slots(const SplitKSpace& sk) {
     if (sk.partials == nullptr || sk.counters == nullptr) return 0;
-    const int64_t by_floats = sk.partial_floats / (int64_t(kPairN) * WL::kMathThreads * acc_regs);
+    const int64_t by_floats = sk.partial_floats / splitk_slot_floats(kBlockN, kPairN);
     return int(min(int64_t(sk.counter_slots), by_floats));
   }
 
@@ -157,7 +164,7 @@ struct GroupedScheduler {
     if constexpr (kSplitK) {
       if (table != nullptr && pb.num_groups > 0)
         splits = choose_k_splits(table[pb.num_groups - 1], pb.sk.workers, pb.k / WL::kBlockK,
-                                 split_slots(pb.sk, kBlockN / 2));
+                                 split_slots(pb.sk));
     }
     load_group();
   }
