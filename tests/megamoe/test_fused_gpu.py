@@ -94,7 +94,7 @@ def test_fused_equals_staged(pair, kind, T):
         what = f"{name} {kind} T={T} rep {rep}"
         _, yf = _run_both(staged, fused, x, idx, w, what)
         if rep == 0:  # the fused layer's own L1 output and pool, against the float64 L2 + combine
-            check_metric(metric(yf, stage_reference_y(fused, weights, idx)), f"{what}, {why(SEED)}", stage=True)
+            check_metric(metric(yf, *stage_reference_y(fused, weights, idx)), f"{what}, {why(SEED)}", stage=True)
         if kind in ("all_missing", "zero"):
             assert not bool(yf.float().abs().sum()), f"{what}: expected an all-zero output"
 

@@ -66,7 +66,7 @@ def _run_checked(layer, weights, cfg, x, idx, w, what):
     assert y.shape == x.shape and y.dtype == torch.bfloat16 and y.device == layer.device, what
     ref, inter = _reference(weights, cfg, x, idx, w, intermediates=True)
     m = metric(y, ref)
-    ms = metric(y, stage_reference_y(layer, weights, idx))
+    ms = metric(y, *stage_reference_y(layer, weights, idx))
     eq = l1_codes_equal(layer, inter.l1_q)
     print(f"{what}: stage within-1-ulp {ms['within']:.5f}, rel-fro {ms['rel']:.3e}; L1 codes equal {eq:.5f}; "
           f"end-to-end within-1-ulp {m['within']:.5f}, rel-fro {m['rel']:.3e}; {m['n']} elements")
