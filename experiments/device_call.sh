@@ -24,6 +24,8 @@ for s in "$@"; do
     phases) stamp "$s"
       (cd bench && timeout 240 python3 fused_phases.py ${PHASE_ARGS:-} 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/phases.log")
       cp bench/results/fused-phases-* "$OUT/" 2>/dev/null ;;
+    phases-nosplit) stamp "$s"  # the same without a split-K workspace (the fused and staged layers)
+      (cd bench && timeout 240 python3 fused_phases.py ${PHASE_ARGS:-} --no-splitk 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/phases_nosplit.log") ;;
     sanitize-fused) stamp "$s"
       STEP_TIMEOUT=100 bash scripts/gpu_check.sh sanitize-fused 2>&1 | grep -v "^NVIDIA" | tail -12 ;;
     sanitize-gemm) stamp "$s"
@@ -45,6 +47,8 @@ for s in "$@"; do
     race-kSmem) stamp "$s"  # racecheck: the 8-token ring reused (K 2048) and the split-K paths
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_gemm.py masked 3 8 256 2048 2>&1 | tail -1
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_splitk.py 2>&1 | tail -2 ;;
+    ab) stamp "$s"  # issue 23: gemm + comm, BEFORE (default build-cb33: src + lib carried) vs build/lib, 2 rounds
+      bash experiments/ab_before_after.sh "${BEFORE:-build-cb33}" 2>&1 | tail -60 ;;
     symm-ab) stamp "$s"  # issue 23: symm_comm GPU tests + memcheck (build/lib) and bench/comm.py after / before
       bash experiments/symm_ab_run.sh build/lib build-before/lib 2>&1 | tail -30 ;;
     l2bars) stamp "$s"  # branch exp-l2bars' libraries (build-exp-l2bars/lib, carried): fused tests + racecheck
@@ -61,6 +65,14 @@ for s in "$@"; do
          timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_before.log" 2>&1)
       timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_after.log" 2>&1
       paste -d'#' <(grep -E "^\|" "$OUT/gemm_before.log") <(grep -E "^\|" "$OUT/gemm_after.log") | head -40 ;;
+    lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
+      export MEGAMOE_LIB_DIR="$PWD/${s#lib=}" ;;
+    fused-seed) stamp "$s"  # replay one seed of the fused tests (FUSED_SEED, FUSED_K: pytest -k)
+      MEGAMOE_TEST_SEED=$FUSED_SEED timeout 100 python3 -m pytest -q --timeout 90 tests/megamoe/test_fused_gpu.py \
+        -k "$FUSED_K" 2>&1 | tail -4 ;;
+    race-fused) stamp "$s"  # racecheck of the fused layer at T 33 and 512 (the current MEGAMOE_LIB_DIR)
+      for T_ in 33 512; do timeout 100 compute-sanitizer --tool racecheck --report-api-errors no \
+        --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused 2>&1 | grep -E "SUMMARY|profile_layer" | tail -2; done ;;
     *) echo "unknown step $s" ;;
   esac
 done
