@@ -2,7 +2,7 @@
 # Before / after A/B of the standalone packages in ONE device call (issue 23's done-when): bench/gemm.py
 # --quick and bench/comm.py (1 rank; push and pull combine) of a BEFORE tree (its own sources, Python
 # and libraries, carried: BEFORE/src + BEFORE/lib) and of the working tree with build/lib, alternating,
-# two rounds. Run from the repo root on the GPU machine:  experiments/ab_before_after.sh build-cb33
+# ROUNDS rounds (default 1). Run from the repo root on the GPU machine:  experiments/ab_before_after.sh build-cb33
 # Tables to stdout and $OUT/ab_*.log.
 set -uo pipefail
 before=$1
@@ -12,7 +12,7 @@ old() {  # command in the BEFORE tree with its Python and libraries
   (cd "$before/src" && MEGAMOE_LIB_DIR="$PWD/../lib" \
      PYTHONPATH="$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python" "$@")
 }
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-1}"); do
   old timeout 150 python3 bench/gemm.py --quick > "$OUT/ab_gemm_before_$round.log" 2>&1
   timeout 150 python3 bench/gemm.py --quick > "$OUT/ab_gemm_after_$round.log" 2>&1
   echo "== gemm round $round (before # after)"

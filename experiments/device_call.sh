@@ -47,7 +47,7 @@ for s in "$@"; do
     race-kSmem) stamp "$s"  # racecheck: the 8-token ring reused (K 2048) and the split-K paths
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_gemm.py masked 3 8 256 2048 2>&1 | tail -1
       timeout 40 compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/profile_splitk.py 2>&1 | tail -2 ;;
-    ab) stamp "$s"  # issue 23: gemm + comm, BEFORE (default build-cb33: src + lib carried) vs build/lib, 2 rounds
+    ab) stamp "$s"  # issue 23: gemm + comm, BEFORE (default build-cb33: src + lib carried) vs build/lib (ROUNDS, default 1)
       bash experiments/ab_before_after.sh "${BEFORE:-build-cb33}" 2>&1 | tail -60 ;;
     symm-ab) stamp "$s"  # issue 23: symm_comm GPU tests + memcheck (build/lib) and bench/comm.py after / before
       bash experiments/symm_ab_run.sh build/lib build-before/lib 2>&1 | tail -30 ;;
