@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 for s in "$@"; do
   case "$s" in
     fused-tests) stamp "$s"
-      timeout 150 python3 -m pytest -q --timeout 120 tests/megamoe/test_fused_gpu.py 2>&1 | tail -15 | tee "$OUT/fused_tests.log" ;;
+      timeout 150 python3 -u -m pytest -q --timeout 120 tests/megamoe/test_fused_gpu.py 2>&1 | tee "$OUT/fused_tests_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" | tail -15 ;;
     fused-ranks) stamp "$s"
       timeout 200 python3 -m pytest -q --timeout 190 tests/megamoe/test_fused_ranks_gpu.py 2>&1 | tail -15 | tee "$OUT/fused_ranks.log" ;;
     gemm-tests) stamp "$s"
@@ -22,8 +22,9 @@ for s in "$@"; do
     probe) stamp "$s"
       timeout 90 python3 experiments/overflow_probe.py 2>&1 | tail -60 | tee "$OUT/probe.log" ;;
     phases) stamp "$s"
-      (cd bench && timeout 240 python3 fused_phases.py ${PHASE_ARGS:-} 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/phases.log")
-      cp bench/results/fused-phases-* "$OUT/" 2>/dev/null ;;
+      tag=$(basename "$(dirname "$MEGAMOE_LIB_DIR")")  # which build (lib=... steps)
+      (cd bench && timeout 240 python3 -u fused_phases.py ${PHASE_ARGS:-} 2>&1 | grep --line-buffered -v "^\[megamoe" | tee "$OUT/phases_$tag.log" | tail -40)
+      for f in bench/results/fused-phases-*-"${MEGAMOE_COMMIT:-x}".*; do [ -f "$f" ] && cp "$f" "$OUT/${tag}_$(basename "$f")"; done ;;
     phases-nosplit) stamp "$s"  # the same without a split-K workspace (the fused and staged layers)
       (cd bench && timeout 240 python3 fused_phases.py ${PHASE_ARGS:-} --no-splitk 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/phases_nosplit.log") ;;
     sanitize-fused) stamp "$s"
