@@ -27,3 +27,4 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     grep -h -E "Error|Traceback" "$OUT"/ab_comm_${cmb}_*_$round.log | head -3
   done
 done
+python3 experiments/ab_table.py "$OUT" | tee "$OUT/ab-table.md" | tail -3
