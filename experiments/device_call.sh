@@ -61,11 +61,6 @@ for s in "$@"; do
       (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"
       BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
-    gemm-ab) stamp "$s"
-      (cd build-before/src && MEGAMOE_LIB_DIR="$PWD/../lib" PYTHONPATH="$PWD/packages/fp4_gemm/python:$PWD/packages/symm_comm/python:$PWD/packages/megamoe/python" \
-         timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_before.log" 2>&1)
-      timeout 120 python3 bench/gemm.py --quick > "$OUT/gemm_after.log" 2>&1
-      paste -d'#' <(grep -E "^\|" "$OUT/gemm_before.log") <(grep -E "^\|" "$OUT/gemm_after.log") | head -40 ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
       export MEGAMOE_LIB_DIR="$PWD/${s#lib=}" ;;
     fused-seed) stamp "$s"  # replay one seed of the fused tests (FUSED_SEED, FUSED_K: pytest -k)
