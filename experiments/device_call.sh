@@ -61,6 +61,8 @@ for s in "$@"; do
       (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"
       BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
+    stamps) stamp "$s"  # where one dispatch / combine's time goes (1 rank; STAMP_T tokens, default 1 128)
+      timeout 120 python3 experiments/comm_stamps.py ${STAMP_T:-1 128} 2>&1 | tail -40 | tee "$OUT/stamps.log" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
       export MEGAMOE_LIB_DIR="$PWD/${s#lib=}" ;;
     fused-seed) stamp "$s"  # replay one seed of the fused tests (FUSED_SEED, FUSED_K: pytest -k)
