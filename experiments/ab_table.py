@@ -29,16 +29,16 @@ for before in sorted(glob.glob(os.path.join(d, "ab_*_before_*.log"))):
     rnd = before.rsplit("_", 1)[1].split(".")[0]
     # Join by key (gemm: case + weights; comm: tokens), not by position: the two trees' case lists
     # differ (the after tree has cases the before tree lacks; those rows print as "new").
-    key = (lambda c: (c[0], c[1])) if name == "gemm" else (lambda c: c[0])
+    gemm = name == "gemm"
+    key = (lambda c: f"{c[0]} {c[1]}") if gemm else (lambda c: c[0])
     b = {key(x): x for x in rows(before)}
-    a = rows(after)
-    for y in a:
+    for y in rows(after):
         x = b.get(key(y))
         if x is None:
-            print(f"| {name} | {' '.join(key(y)) if name == 'gemm' else y[0]} (new) | {rnd} | - | {y[2] if name == 'gemm' else y[1]} | - |")
+            print(f"| {name} | {key(y)} (new) | {rnd} | - | {y[2] if gemm else y[1]} | - |")
             continue
-        if name == "gemm":  # case, weights, ours_us
-            items = [(f"{x[0]} {x[1]}", x[2], y[2])]
+        if gemm:  # case, weights, ours_us
+            items = [(key(x), x[2], y[2])]
         else:  # tokens, dispatch, combine, ..., [10] dispatch kernel, [11] combine kernel
             items = [(f"{x[0]} tok {k}", x[i], y[i]) for k, i in
                      (("dispatch", 1), ("combine", 2), ("dispatch kernel", 10), ("combine kernel", 11))]

@@ -75,5 +75,7 @@ for s in "$@"; do
   esac
 done
 rm -f "$OUT/results.tgz"
-(cd "$OUT" && tar czf all.tgz --exclude all.tgz . 2>/dev/null && find . -type f ! -name all.tgz -delete)
+# The archive is written outside $OUT: tar over the folder it writes into exits 1 ("file changed as we
+# read it"), which skipped the delete and let the copy-back's file limit drop logs.
+tar czf /tmp/all.tgz -C "$OUT" --exclude all.tgz . && find "$OUT" -type f -delete && mv /tmp/all.tgz "$OUT/"
 stamp done
