@@ -41,10 +41,6 @@ enum class Order {
 // its uniform datapath (ptxas kept the GEMM mainloop's stage and smem addresses in vector registers,
 // +12 % instructions in the fused kernel's math loop, SASS of 2026-12-02). Time limit: lane 0
 // reports (what = -1, detail = the word) and every lane returns false.
-// The poll's back-off (warp_grid_barrier_gpu): tight polls first (a barrier all groups reach together
-// costs no sleep), then sleeps doubling up to the cap (the most a long wait adds to the release).
-constexpr int kGridPollTight = 8;
-constexpr uint32_t kGridPollSleepMinNs = 64, kGridPollSleepMaxNs = 1024;
 __device__ __forceinline__ bool warp_grid_barrier_gpu(uint32_t* bar, bool first_group, uint32_t n, int lane,
                                                       uint64_t deadline, const ErrSink& err, int phase) {
   ptx::fence_acq_rel_gpu();
@@ -53,19 +49,12 @@ __device__ __forceinline__ bool warp_grid_barrier_gpu(uint32_t* bar, bool first_
   if (lane == 0) {
     const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(bar, first_group ? (0x80000000u - (n - 1u)) : 1u);
     int spins = 0;
-    uint32_t cur, sleep_ns = kGridPollSleepMinNs;
+    uint32_t cur;
     while ((((cur = ptx::ld_relaxed_gpu_u32(bar)) ^ old) & 0x80000000u) == 0) {
       if ((++spins & 63) == 0 && timed_out(deadline)) {
         report_error(err, SYMM_ERR_TIMEOUT, phase, -1, (int32_t)cur);
         ok = false;
         break;
-      }
-      // Back off after the first polls: every waiting group polls the SAME word, i.e. one L2 slice, and
-      // the groups still working stream through that slice too (the fused kernel's CTAs that finished
-      // their GEMM tiles early polled it tightly while the rest were still loading weights).
-      if (spins > kGridPollTight) {
-        ptx::nanosleep(sleep_ns);
-        sleep_ns = min(2u * sleep_ns, kGridPollSleepMaxNs);
       }
     }
   }
