@@ -137,10 +137,33 @@ struct FusedSmem {
   static_assert(CL1::kSplitK == (CL1::kBlockN <= 16) && CL2::kSplitK == CL1::kSplitK, "split-K where staged splits");
 };
 
+// ---- phases D and C: symm_comm's dispatch and pull combine, called, not inlined ------------------------
+// Inlined, their code shared one register allocation with the GEMM phases: the kernel spilled 1456 / 1792
+// bytes at the 8- / 16-token tiles, much of it in the GEMM regions, and its L1 phase ran 12-23 % slower than
+// the same kernel without phases D and C (16 bytes of spills; experiments/patches/fused-skip-dc.patch).
+// As calls: 112 / 348 bytes, L1 phase -3..-15 %, but dispatch +4..+6 us (their parameter reads become
+// generic loads; local copies of SymmLayout measured worse: +10 us; docs/perf-notes.md). Arguments: a
+// pointer into the kernel's parameter space (__grid_constant__: no local copy; nothing writes it) and a
+// CallStart by value; the whole CTA calls them (their barriers are the CTA's, bar 0).
+template <typename IdxT, int kUnroll, bool kDedup>
+__device__ __noinline__ void dispatch_phase(const FusedParams* __restrict__ p, const uint64_t* s_peers, symm::CallStart dc,
+                                            int32_t* dsm, int64_t dsm_ints) {
+  const symm::Workers W = symm::Workers::cta();
+  symm::dispatch_run<IdxT, kUnroll, kDedup>(W, p->L, s_peers, dc, p->d, dsm, dsm_ints, p->onepass);
+  symm::end_call(W, dc.local, p->L, SYMM_OP_DISPATCH, dc.epoch);
+}
+
+// The L1 epilogue applied the top-k weights (topk_w null).
+__device__ __noinline__ void combine_phase(const FusedParams* __restrict__ p, const uint64_t* s_peers, symm::CallStart c) {
+  const symm::Workers W = symm::Workers::cta();
+  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, p->L, s_peers, c, nullptr, p->y, p->d.num_tokens);
+  symm::combine_end(W, c.local, p->L, c.epoch);
+}
+
 template <class CL1, class CL2>
 __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     fused_moe_kernel(const __grid_constant__ CUtensorMap tmap_pool, const __grid_constant__ CUtensorMap tmap_l1,
-                     const FusedParams p) {
+                     const __grid_constant__ FusedParams p) {
   using S = FusedSmem<CL1, CL2>;
   using Regs = fg::RegisterSplit<kThreads, CL1::kCtasPerSm>;
   using Sched1 = Sched<CL1>;
@@ -174,13 +197,12 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
   const int64_t dsm_ints = S::kPeersOff / 4;
   if (p.idx_bytes == 8) {
-    if (p.dedup) symm::dispatch_run<int64_t, kPullUnroll, true>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
-    else symm::dispatch_run<int64_t, kPullUnrollPlain, false>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
+    if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(&p, s_peers, dc, dsm, dsm_ints);
+    else dispatch_phase<int64_t, kPullUnrollPlain, false>(&p, s_peers, dc, dsm, dsm_ints);
   } else {
-    if (p.dedup) symm::dispatch_run<int32_t, kPullUnroll, true>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
-    else symm::dispatch_run<int32_t, kPullUnrollPlain, false>(W, L, s_peers, dc, p.d, dsm, dsm_ints, p.onepass);
+    if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(&p, s_peers, dc, dsm, dsm_ints);
+    else dispatch_phase<int32_t, kPullUnrollPlain, false>(&p, s_peers, dc, dsm, dsm_ints);
   }
-  symm::end_call(W, dc.local, L, SYMM_OP_DISPATCH, dc.epoch);
   stamp(1);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
   ptx::fence_proxy_async_smem();
@@ -243,10 +265,8 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   }
 
   // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
-  // grid barrier 2 (kInKernel: a released signal). The L1 epilogue applied the top-k weights (topk_w null).
-  const symm::CallStart c = st->cc;
-  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, L, s_peers, c, nullptr, p.y, p.d.num_tokens);
-  symm::combine_end(W, c.local, L, c.epoch);
+  // grid barrier 2 (kInKernel: a released signal).
+  combine_phase(&p, s_peers, st->cc);
   stamp(7);
 }
 

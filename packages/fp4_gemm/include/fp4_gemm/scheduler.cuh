@@ -77,13 +77,17 @@ constexpr int kSplitOverheadBlocks = 8;  // a split-unit's extra cost, in K bloc
 // ~4.7 us per split-unit of one n-block and ~9 us of an L1 pair on H200, ~8 and ~16 K blocks at
 // ~0.56 us each; bench/splitk.py, 2026-12-02), with units * S <= slots and k_blocks / S >=
 // kMinSplitKBlocks; a larger S only where it gains at least 1/32.
+// The divisions are 32-bit: a 64-bit one is a subroutine call, and calls in the fused kernel's math region
+// (which builds its schedulers there) made ptxas spill around them. units * S fits: above kMaxSplitUnits
+// units no split can win (rounds(1) <= units / workers + 1 < rounds(S) x (k + overhead x S) / S).
+constexpr int kMaxSplitUnits = 1 << 26;
 __host__ __device__ inline int choose_k_splits(int units, int workers, int k_blocks, int slots) {
-  if (units <= 0 || workers <= 0) return 1;
+  if (units <= 0 || workers <= 0 || units > kMaxSplitUnits) return 1;
   int best = 1;
-  int64_t best_num = (int64_t(units) + workers - 1) / workers * k_blocks;  // cost(S) = num / S
+  int64_t best_num = int64_t((units + workers - 1) / workers) * k_blocks;  // cost(S) = num / S
   for (int s = 2; s <= kMaxKSplits; ++s) {
     if (int64_t(units) * s > slots || k_blocks / s < kMinSplitKBlocks) break;
-    const int64_t num = (int64_t(units) * s + workers - 1) / workers * (k_blocks + kSplitOverheadBlocks * s);
+    const int64_t num = int64_t((units * s + workers - 1) / workers) * (k_blocks + kSplitOverheadBlocks * s);
     if (num * best * 32 < best_num * s * 31) best = s, best_num = num;
   }
   return best;
