@@ -115,6 +115,10 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
 struct FusedState {
   symm::CallStart dc, cc;
   int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
+  // Phases D / C's parameters, copied here before the dispatch: the callees read them with LDS (through
+  // the parameter space they were generic loads, re-issued after every store; see dispatch_phase).
+  SymmLayout L;
+  symm::DispatchArgs d;
 };
 // The dispatch call's deadline, read where a wait needs it (ptx::ld_shared_u64: ONE load the compiler
 // cannot re-issue inside the wait's polling loop; a plain load there cost the whole kernel its uniform
@@ -141,23 +145,31 @@ struct FusedSmem {
 // Inlined, their code shared one register allocation with the GEMM phases: the kernel spilled 1456 / 1792
 // bytes at the 8- / 16-token tiles, much of it in the GEMM regions, and its L1 phase ran 12-23 % slower than
 // the same kernel without phases D and C (16 bytes of spills; experiments/patches/fused-skip-dc.patch).
-// As calls: 112 / 348 bytes, L1 phase -3..-15 %, but dispatch +4..+6 us (their parameter reads become
-// generic loads; local copies of SymmLayout measured worse: +10 us; docs/perf-notes.md). Arguments: a
-// pointer into the kernel's parameter space (__grid_constant__: no local copy; nothing writes it) and a
-// CallStart by value; the whole CTA calls them (their barriers are the CTA's, bar 0).
+// As calls: 92 / 332 bytes, L1 phase -3..-15 % (docs/perf-notes.md). Their parameters (layout, calls'
+// starts, dispatch arguments) come from the FusedState in shared memory, addressed by its 32-bit shared
+// address: through a pointer into the parameter space every read was a generic load re-issued after each
+// store (dispatch +4..+7 us), local copies lived on the stack (+10 us). The whole CTA calls them (their
+// barriers are the CTA's, bar 0).
+// `st`: the FusedState's shared-memory address (a 32-bit shared address, so that every access through it
+// is an LDS: a generic pointer argument would make them generic loads).
+__device__ __forceinline__ const FusedState& state_at(uint32_t st) {
+  return *static_cast<const FusedState*>(__cvta_shared_to_generic(st));
+}
 template <typename IdxT, int kUnroll, bool kDedup>
-__device__ __noinline__ void dispatch_phase(const FusedParams* __restrict__ p, const uint64_t* s_peers, symm::CallStart dc,
-                                            int32_t* dsm, int64_t dsm_ints) {
+__device__ __noinline__ void dispatch_phase(uint32_t st, int onepass, const uint64_t* s_peers, int32_t* dsm,
+                                            int64_t dsm_ints) {
+  const FusedState& S = state_at(st);
   const symm::Workers W = symm::Workers::cta();
-  symm::dispatch_run<IdxT, kUnroll, kDedup>(W, p->L, s_peers, dc, p->d, dsm, dsm_ints, p->onepass);
-  symm::end_call(W, dc.local, p->L, SYMM_OP_DISPATCH, dc.epoch);
+  symm::dispatch_run<IdxT, kUnroll, kDedup>(W, S.L, s_peers, S.dc, S.d, dsm, dsm_ints, onepass);
+  symm::end_call(W, S.dc.local, S.L, SYMM_OP_DISPATCH, S.dc.epoch);
 }
 
 // The L1 epilogue applied the top-k weights (topk_w null).
-__device__ __noinline__ void combine_phase(const FusedParams* __restrict__ p, const uint64_t* s_peers, symm::CallStart c) {
+__device__ __noinline__ void combine_phase(uint32_t st, const uint64_t* s_peers, uint16_t* y) {
+  const FusedState& S = state_at(st);
   const symm::Workers W = symm::Workers::cta();
-  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, p->L, s_peers, c, nullptr, p->y, p->d.num_tokens);
-  symm::combine_end(W, c.local, p->L, c.epoch);
+  symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, S.L, s_peers, S.cc, nullptr, y, S.d.num_tokens);
+  symm::combine_end(W, S.cc.local, S.L, S.cc.epoch);
 }
 
 template <class CL1, class CL2>
@@ -191,17 +203,26 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     return;  // every CTA leaves before any wait (the peers time out: a broken build, not a data error)
   }
   FusedState* st = reinterpret_cast<FusedState*>(smem + S::kStateOff);
-  if (tid == 0) *st = FusedState{dc, cc};  // read after phase D's CTA barriers
+  const uint32_t st_s = ptx::smem_addr(st);
+  if (tid == 0) {
+    st->dc = dc;
+    st->cc = cc;
+    st->d = p.d;
+  }
+  static_assert(sizeof(SymmLayout) % 4 == 0, "copied as words");
+  for (int i = tid; i < int(sizeof(SymmLayout) / 4); i += kThreads)
+    reinterpret_cast<uint32_t*>(&st->L)[i] = reinterpret_cast<const uint32_t*>(&p.L)[i];
+  __syncthreads();  // the state complete before phase D reads it
 
   // ---- phase D -----------------------------------------------------------------------------------------
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
   const int64_t dsm_ints = S::kPeersOff / 4;
   if (p.idx_bytes == 8) {
-    if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(&p, s_peers, dc, dsm, dsm_ints);
-    else dispatch_phase<int64_t, kPullUnrollPlain, false>(&p, s_peers, dc, dsm, dsm_ints);
+    if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+    else dispatch_phase<int64_t, kPullUnrollPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
   } else {
-    if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(&p, s_peers, dc, dsm, dsm_ints);
-    else dispatch_phase<int32_t, kPullUnrollPlain, false>(&p, s_peers, dc, dsm, dsm_ints);
+    if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+    else dispatch_phase<int32_t, kPullUnrollPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
   }
   stamp(1);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
@@ -266,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
 
   // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
   // grid barrier 2 (kInKernel: a released signal).
-  combine_phase(&p, s_peers, st->cc);
+  combine_phase(st_s, s_peers, p.y);
   stamp(7);
 }
 
