@@ -150,8 +150,7 @@ struct FusedSmem {
 // address: through a pointer into the parameter space every read was a generic load re-issued after each
 // store (dispatch +4..+7 us), local copies lived on the stack (+10 us). The whole CTA calls them (their
 // barriers are the CTA's, bar 0).
-// `st`: the FusedState's shared-memory address (a 32-bit shared address, so that every access through it
-// is an LDS: a generic pointer argument would make them generic loads).
+// `st`: the FusedState's 32-bit shared address (a generic pointer argument would make its reads generic).
 __device__ __forceinline__ const FusedState& state_at(uint32_t st) {
   return *static_cast<const FusedState*>(__cvta_shared_to_generic(st));
 }
