@@ -7,6 +7,8 @@ import torch
 from fp4_gemm.numerics import MAX_SHIFT, MIN_SHIFT
 from megamoe import baselines as B
 
+from layer_cases import fresh_seed, why
+
 
 def _dense_moe(x, idx, w, W):
     """Pair-by-pair FP32 reference of the baseline's math (dequantised weights)."""
@@ -75,13 +77,20 @@ def test_torch_fp8_layout_with_an_emulated_grouped_gemm(monkeypatch):
         return out.bfloat16()
 
     monkeypatch.setattr(B, "_grouped", fake)
+    seed = fresh_seed()
     W = B.make_dense_experts("fp8", 16, range(4, 12), 256, 128, device="cpu")  # rank 1 of 2
-    x = torch.randn(5, 256).bfloat16()
-    idx, w = _routing(5, 4, 16)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    idx, w = _routing(5, 4, 16, seed)
     y = B.torch_moe(x, idx, w, W)  # pairs to experts outside 4..11 are dropped
     ref = _dense_moe(x, idx, w, W)
     assert len(calls) == 2 and torch.isfinite(y.float()).all()
-    torch.testing.assert_close(y.float(), ref, atol=0.1, rtol=0.1)
+    # The baseline quantises x and the intermediate to FP8 (the reference does not): errors are relative to
+    # the output's scale, not per element (an element near zero where pairs cancel had failed rtol 0.1 for
+    # an unseeded draw). Over 200 seeds: Frobenius <= 0.058, elementwise <= 0.074 x max |ref|; a wrong
+    # gather, scale or scatter is off by O(1).
+    fro = float((y.float() - ref).norm() / ref.norm())
+    assert fro < 0.08, f"relative error {fro:.3f}, {why(seed)}"
+    torch.testing.assert_close(y.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.1, msg=why(seed))
 
 
 def test_quantize_rowwise():
