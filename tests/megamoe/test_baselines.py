@@ -50,14 +50,16 @@ def test_group_layout(align):
 
 
 def test_torch_bf16_matches_dense():
+    seed = fresh_seed()
     W = B.make_dense_experts("bf16", 8, range(8), 256, 128, device="cpu")
-    x = torch.randn(6, 256).bfloat16()
-    idx, w = _routing(6, 3, 8)
+    x = torch.randn(6, 256, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    idx, w = _routing(6, 3, 8, seed)
     idx[2, 1] = -1
     y = B.torch_moe(x, idx, w, W)
     ref = _dense_moe(x, idx, w, W)
     assert y.dtype == torch.bfloat16 and y.shape == (6, 256)
-    torch.testing.assert_close(y.float(), ref, atol=0.05, rtol=0.05)
+    # 200 seeds: <= 0.29 x the tolerance
+    torch.testing.assert_close(y.float(), ref, atol=0.05, rtol=0.05, msg=lambda m: f"{m}\n{why(seed)}")
 
 
 def test_torch_fp8_layout_with_an_emulated_grouped_gemm(monkeypatch):
@@ -90,7 +92,8 @@ def test_torch_fp8_layout_with_an_emulated_grouped_gemm(monkeypatch):
     # gather, scale or scatter is off by O(1).
     fro = float((y.float() - ref).norm() / ref.norm())
     assert fro < 0.08, f"relative error {fro:.3f}, {why(seed)}"
-    torch.testing.assert_close(y.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.1, msg=why(seed))
+    torch.testing.assert_close(y.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.1,
+                               msg=lambda m: f"{m}\n{why(seed)}")
 
 
 def test_quantize_rowwise():
