@@ -24,8 +24,33 @@ inline int __ldg(const int* p) { return *p; }
 using namespace fp4_gemm;
 using Key = std::tuple<int, int, int64_t, int>;  // group, n_block, row0, rows
 
+// choose_k_splits before its divisions became 32-bit (64-bit throughout): the two must agree for every
+// input with workers <= kMaxSplitWorkers (the launchers pass 2 x SMs).
+static int choose_k_splits_ref64(int units, int workers, int k_blocks, int slots) {
+  if (units <= 0 || workers <= 0) return 1;
+  int best = 1;
+  int64_t best_num = (int64_t(units) + workers - 1) / workers * k_blocks;
+  for (int s = 2; s <= kMaxKSplits; ++s) {
+    if (int64_t(units) * s > slots || k_blocks / s < kMinSplitKBlocks) break;
+    const int64_t num = (int64_t(units) * s + workers - 1) / workers * (k_blocks + kSplitOverheadBlocks * s);
+    if (num * best * 32 < best_num * s * 31) best = s, best_num = num;
+  }
+  return best;
+}
+
 int main() {
   std::mt19937 rng(12345);
+  for (int i = 0; i < 2000000; ++i) {  // small and huge units, slots up to INT_MAX
+    const int units = (i % 3 == 0) ? int(rng() % 2000) : int(rng() % 0x7fffffffu);
+    const int workers = 1 + int(rng() % (i % 2 ? 2048u : unsigned(kMaxSplitWorkers))), k_blocks = 1 + int(rng() % 512);
+    const int slots = (i % 2 == 0) ? int(rng() % 100000) : int(rng() % 0x7fffffffu);
+    const int a = choose_k_splits(units, workers, k_blocks, slots);
+    const int b = choose_k_splits_ref64(units, workers, k_blocks, slots);
+    if (a != b) {
+      std::printf("FAIL choose_k_splits(%d, %d, %d, %d) = %d, 64-bit %d\n", units, workers, k_blocks, slots, a, b);
+      return 1;
+    }
+  }
   const int runs = 4000;
   for (int trial = 0; trial < runs; ++trial) {
     GroupedProblem pb{};

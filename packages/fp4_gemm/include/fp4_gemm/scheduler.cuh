@@ -79,10 +79,12 @@ constexpr int kSplitOverheadBlocks = 8;  // a split-unit's extra cost, in K bloc
 // kMinSplitKBlocks; a larger S only where it gains at least 1/32.
 // The divisions are 32-bit: a 64-bit one is a subroutine call, and calls in the fused kernel's math region
 // (which builds its schedulers there) made ptxas spill around them. units * S fits: above kMaxSplitUnits
-// units no split can win (rounds(1) <= units / workers + 1 < rounds(S) x (k + overhead x S) / S).
-constexpr int kMaxSplitUnits = 1 << 26;
+// units (with workers <= kMaxSplitWorkers, i.e. >= 64 rounds of CTAs) no split can win, so the result is
+// the 64-bit formula's (tests/fp4_gemm/scheduler_pairs_host.cpp compares them); more workers than that
+// (the launchers pass 2 x SMs): no split.
+constexpr int kMaxSplitUnits = 1 << 26, kMaxSplitWorkers = 1 << 20;
 __host__ __device__ inline int choose_k_splits(int units, int workers, int k_blocks, int slots) {
-  if (units <= 0 || workers <= 0 || units > kMaxSplitUnits) return 1;
+  if (units <= 0 || workers <= 0 || units > kMaxSplitUnits || workers > kMaxSplitWorkers) return 1;
   int best = 1;
   int64_t best_num = int64_t((units + workers - 1) / workers) * k_blocks;  // cost(S) = num / S
   for (int s = 2; s <= kMaxKSplits; ++s) {
