@@ -115,9 +115,7 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
 struct FusedState {
   symm::CallStart dc, cc;
   int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
-  // Phases D / C's parameters, copied here before the dispatch: the callees read them with LDS (through
-  // the parameter space they were generic loads, re-issued after every store; see dispatch_phase).
-  SymmLayout L;
+  SymmLayout L;  // phases D / C's parameters, copied here before the dispatch (why: dispatch_phase)
   symm::DispatchArgs d;
 };
 // The dispatch call's deadline, read where a wait needs it (ptx::ld_shared_u64: ONE load the compiler
