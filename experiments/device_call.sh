@@ -63,6 +63,12 @@ for s in "$@"; do
       BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
     stamps) stamp "$s"  # where one dispatch / combine's time goes (1 rank; STAMP_T tokens, default 1 128)
       timeout 120 python3 experiments/comm_stamps.py ${STAMP_T:-1 128} 2>&1 | tail -40 | tee "$OUT/stamps.log" ;;
+    gemm1tok) stamp "$s"  # issue 22: a 1-token expert GEMM warm / cold / empty / one K block / one expert
+      timeout 150 python3 experiments/gemm_1tok_probe.py 2>&1 | tail -8 | tee "$OUT/gemm1tok.log" ;;
+    cta-times) stamp "$s"  # per-CTA L1 / L2 production times against the schedule (flash, CTA_T tokens)
+      timeout 150 python3 experiments/fused_cta_times.py flash ${CTA_T:-16 128 512} 2>&1 | tail -40 | tee "$OUT/cta_times_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" ;;
+    py=*) stamp "$s"  # the later steps import megamoe's Python from this folder (a carried tree's python/)
+      export PYTHONPATH="$PWD/${s#py=}:$PYTHONPATH" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
       export MEGAMOE_LIB_DIR="$PWD/${s#lib=}" ;;
     fused-seed) stamp "$s"  # replay one seed of the fused tests (FUSED_SEED, FUSED_K: pytest -k)
