@@ -67,6 +67,8 @@ for s in "$@"; do
       timeout 150 python3 experiments/gemm_1tok_probe.py 2>&1 | tail -8 | tee "$OUT/gemm1tok.log" ;;
     cta-times) stamp "$s"  # per-CTA L1 / L2 production times against the schedule (flash, CTA_T tokens)
       timeout 150 python3 experiments/fused_cta_times.py flash ${CTA_T:-16 128 512} 2>&1 | tail -40 | tee "$OUT/cta_times_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" ;;
+    gemm-var) stamp "$s"  # probe_gemm.py cases GV_CASES once per library folder in GV_LIBS (in turn, GV_ROUNDS rounds)
+      for r in $(seq "${GV_ROUNDS:-1}"); do bash experiments/gemm_variants.sh "$GV_CASES" $GV_LIBS 2>&1 | tee -a "$OUT/gemm_var.log"; done ;;
     py=*) stamp "$s"  # the later steps import megamoe's Python from this folder (a carried tree's python/)
       export PYTHONPATH="$PWD/${s#py=}:$PYTHONPATH" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)

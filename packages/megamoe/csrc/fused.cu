@@ -20,6 +20,7 @@
 
 #include "fp4_gemm/roles.cuh"
 #include "megamoe/layout.cuh"
+#include "megamoe/tile_queue.cuh"
 #include "megamoe_api.h"
 #include "symm_comm/symm_comm.cuh"
 #include "tensor_map.h"
@@ -43,11 +44,15 @@ static_assert(kMathBarriers.store0 + fg::kMathThreads / 128 <= 16, "named barrie
 // Grid barriers (symm_comm's grid_barrier_gpu), in call order: one caller-owned word each (grid_words,
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
+// The dynamic tile order's counters (8- / 16- / 32-token tiles): one u32 per GEMM phase after the barrier
+// words, zero at creation; CTA 0 zeroes each after the grid barrier that ends its phase (no CTA takes a
+// tile after it; the next launch's first atomicAdd is ordered after it by the kernel boundary).
+enum TileCounter : int { kCountL1 = 3, kCountL2 = 4 };
 // Phase stamps (FusedParams::stamps, megamoe_api.h): 0 start, 1 dispatch done, 2 after grid barrier 0,
 // 3 this CTA's L1 tiles produced, 4 after grid barrier 1, 5 L2 produced, 6 after grid barrier 2, 7 combine done;
 // 8: the CTA's SM (%smid).
 constexpr int kStamps = 9;
-static_assert(kBarL2 < moe::kGridWords, "grid barrier words");
+static_assert(kCountL2 < moe::kGridWords, "grid barrier and tile counter words");
 
 struct FusedParams {
   SymmLayout L;
@@ -84,18 +89,29 @@ template <class Cfg>
 __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const CUtensorMap* tmap,
                                               const fg::GroupedProblem& pb, const fg::WeightOperand& w,
                                               const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
-                                              uint64_t timeout_ns) {
+                                              uint64_t timeout_ns, TileQueue* q, uint32_t* counter) {
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};  // one worker per CTA
-  fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
+  if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
+    const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, threadIdx.x == 0);
+    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, ds, threadIdx.x, err, timeout_ns);
+  } else {
+    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
+  }
 }
 
 template <class Cfg, fg::EpilogueKind kEpi>
 __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg::GroupedProblem& pb,
                                            const fg::WeightOperand& w, const fg::EpilogueParams& e, const int* table,
-                                           int wg, int tid_in_wg, const moe::ErrSink& err, uint64_t timeout_ns) {
+                                           int wg, int tid_in_wg, const moe::ErrSink& err, uint64_t timeout_ns,
+                                           TileQueue* q, uint32_t* counter) {
   const fg::TileEpilogue<Cfg, kEpi> epilogue{sm, pb, w, e, wg, tid_in_wg, kMathBarriers};
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};
-  fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
+  if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
+    const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, false);
+    fg::Mainloop<Cfg>::math(sm, pb, w, ds, wg, tid_in_wg, err, timeout_ns, epilogue);
+  } else {
+    fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
+  }
 }
 
 // Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
@@ -117,6 +133,7 @@ struct FusedState {
   int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
   SymmLayout L;  // phases D / C's parameters, copied here before the dispatch (why: dispatch_phase)
   symm::DispatchArgs d;
+  TileQueue q1, q2;  // the dynamic tile order's rings of L1 and L2 (initialised with the pipelines)
 };
 // The dispatch call's deadline, read where a wait needs it (ptx::ld_shared_u64: ONE load the compiler
 // cannot re-issue inside the wait's polling loop; a plain load there cost the whole kernel its uniform
@@ -237,6 +254,10 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   fg::SmemView<CL1> sm1{smem};
   fg::SmemView<CL2> sm2{smem};
   fg::init_pipeline(sm1, tid, kThreads);
+  if (tid == 0) {  // ordered before every use by the __syncthreads below
+    st->q1.init();
+    st->q2.init();
+  }
   Sched1::build_table(p.pb1, sm1.unit_table(), reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
   __syncthreads();
   Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
@@ -249,24 +270,35 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
-    if (ok) produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns);
+    if (ok)
+      produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
+                         p.grid_words + kCountL1);
     stamp(3);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
+    const bool all1 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok);
+    ok = all1 && ok;
     stamp(4);
     if (tid == 0) retire_pipeline(sm1);
+    // Every CTA took its last L1 unit before arriving; after a timeout a late CTA may still take units, so
+    // the counter stays as it is (the call holds its error; resync() zeroes the grid words).
+    if (all1 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL1] = 0;
     Wr.sync();  // (the math threads initialise L2's pipeline here)
     Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
-    produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns);  // unguarded: below
+    produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns, &st->q2,
+                       p.grid_words + kCountL2);  // unguarded: below
     stamp(5);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
+    const bool all2 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok);
+    ok = all2 && ok;
     stamp(6);
     if (tid == 0) retire_pipeline(sm2);
+    if (all2 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL2] = 0;  // (as for L1)
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    if (ok) math_phase<CL1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err, p.timeout_ns);
+    if (ok)
+      math_phase<CL1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err,
+                                             p.timeout_ns, &st->q1, p.grid_words + kCountL1);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
     Wr.sync();  // L1's barriers retired
@@ -277,7 +309,8 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     // branch on it around the mainloop made ptxas treat the loop as divergent (vector registers for
     // its uniform addresses, as above).
     ptx::named_barrier(kL1Barrier, fg::kMathThreads);  // .aligned at one code location: converged (ptxas)
-    math_phase<CL2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, p.timeout_ns);
+    math_phase<CL2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, p.timeout_ns,
+                                             &st->q2, p.grid_words + kCountL2);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }

@@ -6,7 +6,7 @@
 #include "symm_comm/layout.cuh"
 
 #define MOE_API __attribute__((visibility("default")))
-#define MOE_ABI_VERSION 3
+#define MOE_ABI_VERSION 4
 
 // Return codes (> 0: a cudaError_t).
 #define MOE_OK 0
@@ -28,8 +28,8 @@ MOE_API int megamoe_abi_version(void);
 // One fused MoE call on this rank (collective over the buffer's ranks), enqueued on `stream`:
 // dispatch of (x_q, x_s, topk_idx, topk_w) [num_tokens rows] -> L1 (w1, gate/up interleaved, SwiGLU x top-k
 // weight -> l1_q / l1_s, [pool_rows][I] / [pool_rows][I / 128]) -> L2 (w2 -> the buffer's combine input)
-// -> pull combine -> y BF16 [num_tokens][H]. grid_words: 2 x kGridBarriers u32, zero at creation
-// (megamoe/layout.cuh kGridWords). Device-side errors, the GEMMs' pipeline timeouts included (fp4_gemm's
+// -> pull combine -> y BF16 [num_tokens][H]. grid_words: kGridWords u32 (megamoe/layout.cuh: the grid
+// barriers' words and the dynamic tile order's counters), zero at creation and after a resync. Device-side errors, the GEMMs' pipeline timeouts included (fp4_gemm's
 // codes 32..), go to the buffer's error record (host_err mirror). stamps: null, or 9 u64 per CTA of the
 // grid (at most 2 x the SM count): %globaltimer at the phase boundaries and the SM (fused.cu kStamps; profiling).
 // sk_*: the split-K workspace of both GEMMs (fp4_gemm_api.h; null: none), zero on entry, left zero by a

@@ -91,7 +91,7 @@ MOE_LAYOUT_HD int moe_layout_compute(MoeLayout* M, const SymmLayout* S, int inte
 namespace moe {
 // The fused kernel's grid-barrier words (symm_comm's grid_barrier_gpu, one u32 each, rank-local, zero at
 // creation and after a resync). Python reads this line.
-static constexpr int kGridWords = 4;
+static constexpr int kGridWords = 6;
 }  // namespace moe
 #endif
 

@@ -17,7 +17,7 @@ LIB = NativeLib("megamoe", Path(__file__).parent, {
     "megamoe_fused_forward": ([c_vp, c_vp, c_vp, c_i64, c_int, c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_int,
                                c_vp, c_vp, c_vp, c_vp, c_int, c_vp, c_vp, c_vp, c_int, c_f, c_int, c_vp, c_vp,
                                c_vp, c_i64, c_vp, c_int, c_vp], c_int),
-}, error_fn="megamoe_error_string", abi=("megamoe_abi_version", 3))  # csrc/megamoe_api.h MOE_ABI_VERSION
+}, error_fn="megamoe_error_string", abi=("megamoe_abi_version", 4))  # csrc/megamoe_api.h MOE_ABI_VERSION
 
 
 def grid_words() -> int:
