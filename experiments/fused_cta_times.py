@@ -1,6 +1,8 @@
 """Diagnostic: per-CTA L1 / L2 production times of the fused kernel (its phase stamps) against the work
-each CTA was given (units of the round-robin schedule) and against its SM partner's, to see whether the
-fused L1 phase's length is the busiest CTA's work or a per-CTA rate. Prints a summary per case.
+each CTA was given (units of the round-robin schedule: with the dynamic tile order of the 8- / 16- / 32-token
+tiles a CTA's count is not known, so its "us/unit" is an estimate) and against its SM partner's, to see whether
+the fused L1 phase's length is the busiest CTA's work or a per-CTA rate; and the phase D / C stamps per CTA.
+Prints a summary per case.
 Usage (GPU machine): python3 experiments/fused_cta_times.py [preset] [T ...]"""
 from __future__ import annotations
 
@@ -66,6 +68,15 @@ def run_case(layer, check, x, idx, w, T, shape, sms, preset, variant):
         counts = layer.buffer.exp_counts.cpu().tolist()
         bn = layer._block_n(T)
         workers = 2 * sms
+        # Phases D and C per CTA, from the first CTA's start: where the fixed costs go at few tokens.
+        t0 = s[:, 0].min()
+        q = lambda v: f"{v.min():.1f} / {v.median():.1f} / {v.max():.1f}"  # noqa: E731
+        print(f"[cta] {variant} {preset} T={T} D: CTA starts {q(s[:, 0] - t0)} | dispatch done {q(s[:, 1] - t0)} | "
+              f"out of grid barrier 0 {q(s[:, 2] - t0)} | C: out of grid barrier 2 {q(s[:, 6] - t0)} | combine done "
+              f"{q(s[:, 7] - t0)} | combine per CTA {q(s[:, 7] - s[:, 6])} us (min / median / max)")
+        for name, v in (("dispatch done", s[:, 1] - t0), ("combine per CTA", s[:, 7] - s[:, 6])):
+            top = sorted(range(grid), key=lambda b: -float(v[b]))[:4]
+            print(f"   slowest {name}: " + ", ".join(f"b{b}/sm{smid[b]} {float(v[b]):.1f}" for b in top))
         for name, n, k, c2, c3 in (("L1", 2 * shape.I, shape.H, 2, 3), ("L2", shape.H, shape.I, 4, 5)):
             pair = 2 if bn <= 16 else 1
             n_units = (n // 128 + pair - 1) // pair
