@@ -31,8 +31,17 @@ namespace {
 namespace fg = fp4_gemm;
 namespace ptx = ::moe::ptx;
 constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math warpgroups
-constexpr int kCombineK = 8;                      // the pull combine's k batch (symm_comm's standalone value)
-constexpr int kPullUnroll = 7, kPullUnrollPlain = 16;
+// Phases D / C's in-flight batches (symm_comm's standalone values: combine k batch 8, plain pull 16 vectors
+// per lane, for its 128-register kernels). At two CTAs per SM the kernel has 80 registers and they are
+// halved: the callees then spill 0 / 164-304 instead of 116-120 / 460-648 bytes and the CTAs that move the
+// rows finish sooner (flash, 1 token: phase C 11.3 -> 6.7 us, D 27.9 -> 24.1, the call 101.4 -> 91.8;
+// docs/perf-notes.md). Top-k above the k batch: batches of k rows, the same sum order.
+constexpr int kPullUnroll = 7;
+template <int kCtasPerSm>
+struct CommBatch {
+  static constexpr int kCombineK = kCtasPerSm == 2 ? 4 : 8;
+  static constexpr int kPullPlain = kCtasPerSm == 2 ? 8 : 16;
+};
 
 // The kernel's one named-barrier list: 0 = __syncthreads; 1 = all 256 math threads (the L1 epilogue, the
 // split-K arrival), and
@@ -179,6 +188,7 @@ __device__ __noinline__ void dispatch_phase(uint32_t st, int onepass, const uint
 }
 
 // The L1 epilogue applied the top-k weights (topk_w null).
+template <int kCombineK>
 __device__ __noinline__ void combine_phase(uint32_t st, const uint64_t* s_peers, uint16_t* y) {
   const FusedState& S = state_at(st);
   const symm::Workers W = symm::Workers::cta();
@@ -231,12 +241,13 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // ---- phase D -----------------------------------------------------------------------------------------
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
   const int64_t dsm_ints = S::kPeersOff / 4;
+  constexpr int kPlain = CommBatch<CL1::kCtasPerSm>::kPullPlain;
   if (p.idx_bytes == 8) {
     if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
-    else dispatch_phase<int64_t, kPullUnrollPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+    else dispatch_phase<int64_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
   } else {
     if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
-    else dispatch_phase<int32_t, kPullUnrollPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+    else dispatch_phase<int32_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
   }
   stamp(1);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
@@ -317,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
 
   // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
   // grid barrier 2 (kInKernel: a released signal).
-  combine_phase(st_s, s_peers, p.y);
+  combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y);
   stamp(7);
 }
 
