@@ -89,8 +89,9 @@ MOE_LAYOUT_HD int moe_layout_compute(MoeLayout* M, const SymmLayout* S, int inte
 
 #ifdef __cplusplus
 namespace moe {
-// The fused kernel's grid-barrier words (symm_comm's grid_barrier_gpu, one u32 each, rank-local, zero at
-// creation and after a resync). Python reads this line.
+// The fused kernel's grid words (rank-local u32, zero at creation and after a resync): 0-2 the grid
+// barriers' (symm_comm's grid_barrier_gpu), 3-4 the dynamic tile order's counters (fused.cu). Python reads
+// this line.
 static constexpr int kGridWords = 6;
 }  // namespace moe
 #endif
