@@ -88,7 +88,8 @@ struct FusedParams {
 namespace megamoe {
 namespace {
 
-// ---- phases L1 / L2: fp4_gemm's roles (roles.cuh), as its standalone kernel runs them ---------------------
+// ---- phases L1 / L2: fp4_gemm's roles (roles.cuh) with its scheduler's tiles (the few-token configurations in
+// a dynamic order: megamoe/tile_queue.cuh) -----------------------------------------------------------------
 // The pipeline is fresh (initialised by the caller). `table`: the problem's unit table (built before the
 // register split).
 template <class Cfg>

@@ -133,8 +133,9 @@ class MegaMoE(torch.nn.Module):
                 self._mlib = _lib.LIB
                 from symm_comm.errors import register_phases
                 register_phases(_lib.PHASES)
-                # the fused kernel's rank-local grid-barrier words (include/megamoe/layout.cuh kGridWords:
-                # zero at creation and after resync(); the kernel keeps them consistent otherwise)
+                # the fused kernel's rank-local grid words (include/megamoe/layout.cuh kGridWords: the grid
+                # barriers' words and the tile counters; zero at creation and after resync(); a call that
+                # completes leaves them consistent, one that timed out needs the resync)
                 self._grid_words = torch.zeros(_lib.grid_words(), dtype=torch.int32, device=self.device)
                 # profiling only (bench/fused_phases.py): an int64 [2 x SMs, 9] tensor here makes the kernel
                 # write %globaltimer at its phase boundaries (csrc/fused.cu kStamps)

@@ -103,8 +103,9 @@ __device__ __forceinline__ void pad_blocks(const Workers& W, const SymmLayout& L
 // fused kernel that passes one must keep that rule: a counter left non-zero makes warps skip rows, and
 // the consumers then time out on the arrival counters). Rows, slots, arrivals: identical either way.
 // kDedup = false: the plain pull of one row per pool row (every entry decoded, fan-out flags ignored:
-// what kNoDedup does), a whole row per batch (UNROLL 16 spill-free there): the small-T kernel, where
-// the sources send plain ids (unless DispatchArgs::small_dedup) and one round trip per row is the latency that counts.
+// what kNoDedup does), a whole row per batch at H <= 4096 with UNROLL 16 (spill-free in the standalone
+// kernel; the fused kernel at 80 registers passes 8): the small-T kernel, where the sources send plain ids
+// (unless DispatchArgs::small_dedup) and one round trip per row is the latency that counts.
 template <int UNROLL, bool kDedup = true>
 __device__ __forceinline__ void pull_rows(const Workers& W, const SymmLayout& L, const uint64_t* peers, uint64_t local,
                                           const PoolTables& t, int parity, uint32_t* pull_ctr = nullptr) {
