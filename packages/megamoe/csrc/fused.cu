@@ -31,6 +31,7 @@ namespace {
 namespace fg = fp4_gemm;
 namespace ptx = ::moe::ptx;
 constexpr int kThreads = 128 + fg::kMathThreads;  // producer warpgroup + 2 math warpgroups
+static_assert(kTileReaders == kThreads - 1, "the tile ring's readers: every thread but producer thread 0");
 // Phases D / C's in-flight batches (symm_comm's standalone values: combine k batch 8, plain pull 16 vectors
 // per lane, for its 128-register kernels). At two CTAs per SM the kernel has 80 registers and they are
 // halved: the callees then spill 0 / 164-304 instead of 116-120 / 460-648 bytes and the CTAs that move the

@@ -36,7 +36,7 @@ struct TileQueue {
 template <class Base>
 struct DynSched {
   Base s;
-  int splits;
+  int splits;  // s.splits, as a member: the roles read `sched.splits`
   TileQueue* q;
   uint32_t* counter;
   const moe::ErrSink* err;
