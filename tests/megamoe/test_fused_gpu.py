@@ -220,6 +220,49 @@ def test_device_side_id_error_then_good_call():
         staged.destroy()
 
 
+def test_gemm_phase_timeout_then_good_call():
+    """The GEMM roles' own waits (fp4_gemm pipeline stages, the tile ring) time out against a per-wait limit
+    far below one K block's load (300 ns): the record they claim reaches the host mirror as a
+    SymmTimeoutError naming the role, the layer asks for a resync, and after it the next call (normal
+    limit) is bitwise the staged result. (Such a timeout once claimed the record only: no exception, and
+    later calls silently wrong.) The dispatch and grid-barrier waits check their clock every 16-64 spins,
+    the pipeline waits on every spin, so at 1 rank a GEMM role is the first to time out; which one varies,
+    so each attempt's message is printed and one of them must name a GEMM role."""
+    if not _libs_ok():
+        pytest.skip("libraries not built")
+    import megamoe
+    from megamoe.reference import make_weights
+    from symm_comm import SymmTimeoutError
+    E, H, I, K = 8, 2048, 1024, 2
+    weights = make_weights(E, H, I, seed=SEED)
+    fused = megamoe.MegaMoE(weights, max_tokens_per_rank=64, topk=K, backend="fused", timeout_s=2.0)
+    staged = megamoe.MegaMoE(weights, max_tokens_per_rank=64, topk=K, backend="staged")
+    normal = fused.buffer.timeout_ns
+    try:
+        x, idx, w = (t.cuda() for t in make_inputs(generator(SEED, 81), 64, H, E, K))
+        seen = []
+        for attempt in range(4):
+            fused.buffer.timeout_ns = 300
+            with pytest.raises(SymmTimeoutError) as e:
+                fused(x, idx, w)
+                torch.cuda.synchronize()
+                fused.check_errors()
+            print(f"attempt {attempt}: {e.value}")
+            seen.append(str(e.value))
+            with pytest.raises(Exception, match="resync"):  # the layer refuses until resync()
+                fused(x, idx, w)
+            fused.resync()
+        assert any(("math warp timed out" in m or "producer timed out" in m) for m in seen), seen
+        fused.buffer.timeout_ns = normal
+        for rep in range(2):
+            _run_both(staged, fused, x, idx, w, f"good call {rep} after GEMM-phase timeouts")
+    finally:
+        fused.buffer.timeout_ns = normal
+        torch.cuda.synchronize()
+        fused.destroy()
+        staged.destroy()
+
+
 def test_split_k_fused_equals_staged():
     """Few tokens on experts with a long K: both backends split K (H 4096: 32 K blocks per L1 tile pair, I
     2048: 16 per L2 tile; one token on one expert gives 16 + 32 tiles for 264 CTAs), and they stay BITWISE

@@ -55,8 +55,8 @@ static_assert(kMathBarriers.store0 + fg::kMathThreads / 128 <= 16, "named barrie
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
 // The dynamic tile order's counters (8- / 16- / 32-token tiles): one u32 per GEMM phase after the barrier
-// words, zero at creation; CTA 0 zeroes each after the grid barrier that ends its phase (no CTA takes a
-// tile after it; the next launch's first atomicAdd is ordered after it by the kernel boundary).
+// words; CTA 0 zeroes both before grid barrier 0 of every call (below), so a call starts from zero
+// whatever an earlier one left.
 enum TileCounter : int { kCountL1 = 3, kCountL2 = 4 };
 // Phase stamps (FusedParams::stamps, megamoe_api.h): 0 start, 1 dispatch done, 2 after grid barrier 0,
 // 3 this CTA's L1 tiles produced, 4 after grid barrier 1, 5 L2 produced, 6 after grid barrier 2, 7 combine done;
@@ -102,12 +102,16 @@ __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const
                                               const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
                                               uint64_t timeout_ns, TileQueue* q, uint32_t* counter) {
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};  // one worker per CTA
+  bool ok;
   if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
     const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, threadIdx.x == 0);
-    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, ds, threadIdx.x, err, timeout_ns);
+    ok = fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, ds, threadIdx.x, err, timeout_ns);
   } else {
-    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
+    ok = fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
   }
+  // The pipeline's and the ring's timeouts only claim the record (no stores in their loops): fill it here,
+  // or the host mirror, which the layer reads, would never see the error.
+  if (!ok) moe::fill_claimed_error(err);
 }
 
 template <class Cfg, fg::EpilogueKind kEpi>
@@ -117,12 +121,14 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
                                            TileQueue* q, uint32_t* counter) {
   const fg::TileEpilogue<Cfg, kEpi> epilogue{sm, pb, w, e, wg, tid_in_wg, kMathBarriers};
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};
+  bool ok;
   if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
     const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, false);
-    fg::Mainloop<Cfg>::math(sm, pb, w, ds, wg, tid_in_wg, err, timeout_ns, epilogue);
+    ok = fg::Mainloop<Cfg>::math(sm, pb, w, ds, wg, tid_in_wg, err, timeout_ns, epilogue);
   } else {
-    fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
+    ok = fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
   }
+  if (!ok) moe::fill_claimed_error(err);  // (as in produce_phase)
 }
 
 // Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
@@ -259,6 +265,13 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // no shared-memory load in their loops; the call's epoch is not recorded, 0): a sink referenced in
   // shared memory inside those loops cost the kernel its uniform datapath (load_deadline says how).
   const moe::ErrSink err{p.err_dev, p.host_err, L.rank, 0u};
+  // The tile counters start this call at zero whatever an earlier call left (one that timed out in a
+  // GEMM phase keeps its count): CTA 0 zeroes both before grid barrier 0, which orders the stores before
+  // every CTA's first take (each takes only after leaving that barrier; the previous launch is complete).
+  if (blockIdx.x == 0 && tid == 0) {
+    p.grid_words[kCountL1] = 0;
+    p.grid_words[kCountL2] = 0;
+  }
   bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, load_deadline(st), err, MOE_PHASE_GRID0 + kBarPool);
   int* const s_ok = &st->grid_ok;
   stamp(2);
@@ -287,24 +300,18 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
       produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
                          p.grid_words + kCountL1);
     stamp(3);
-    const bool all1 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok);
-    ok = all1 && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
     stamp(4);
     if (tid == 0) retire_pipeline(sm1);
-    // Every CTA took its last L1 unit before arriving; after a timeout a late CTA may still take units, so
-    // the counter stays as it is (the call holds its error; resync() zeroes the grid words).
-    if (all1 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL1] = 0;
     Wr.sync();  // (the math threads initialise L2's pipeline here)
     Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
     produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns, &st->q2,
                        p.grid_words + kCountL2);  // unguarded: below
     stamp(5);
-    const bool all2 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok);
-    ok = all2 && ok;
+    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
     stamp(6);
     if (tid == 0) retire_pipeline(sm2);
-    if (all2 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL2] = 0;  // (as for L1)
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();

@@ -135,6 +135,13 @@ def _error_tables():
     return codes, phases, C
 
 
+def error_codes():
+    """(codes, timeout codes): the error codes fp4_gemm's device code writes ({number: text}), and which of
+    them are timeouts (a kernel that embeds the GEMMs, like megamoe's fused one, decodes its record so)."""
+    codes, _, C = _error_tables()
+    return codes, (C["kTimeoutFull"], C["kTimeoutEmpty"])
+
+
 def describe_error(words) -> str:
     """The text of an error record (ERR_WORDS ints as the kernel left them)."""
     code, _rank, phase, what, _detail = (int(v) for v in words[:5])

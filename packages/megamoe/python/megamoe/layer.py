@@ -131,8 +131,10 @@ class MegaMoE(torch.nn.Module):
                 from . import _lib
                 _lib.LIB.require()  # before anything is allocated: a missing libmegamoe.so names itself
                 self._mlib = _lib.LIB
-                from symm_comm.errors import register_phases
+                from symm_comm.errors import register_codes, register_phases
                 register_phases(_lib.PHASES)
+                codes, timeouts = self._ops.error_codes()  # the GEMM roles report into the buffer's record
+                register_codes(codes, self._ops.describe_error, timeouts)
                 # the fused kernel's rank-local grid words (include/megamoe/layout.cuh kGridWords: the grid
                 # barriers' words and the tile counters; zero at creation and after resync(); a call that
                 # completes leaves them consistent, one that timed out needs the resync)

@@ -13,7 +13,7 @@ from . import _arrays
 from ._lib import ERR_WORDS, LIB
 from ._validate import Config, check_buffer_args, check_combine, check_dispatch
 from .backends import LocalBackend, keep_multicast_off, make_backend
-from .errors import SymmCommError, make_error, require_cuda
+from .errors import SymmCommError, is_timeout, make_error, require_cuda
 from .layout import compute_layout, describe, region_bytes
 
 log = logging.getLogger("symm_comm")
@@ -229,7 +229,7 @@ class Buffer:
     def _raise_if_error(self):
         w = self._host_words()
         if w[0] != 0:
-            if w[0] == 1:
+            if is_timeout(w[0]):
                 self._needs_resync = True
             self._clear_errors()
             raise make_error(w)

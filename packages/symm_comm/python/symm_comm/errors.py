@@ -48,8 +48,29 @@ def register_phases(phases: dict) -> None:
         PHASES[k] = v
 
 
+# Codes another package's kernels write into a buffer's record (fp4_gemm's 32..63 from megamoe's fused
+# kernel): code -> (describe(words) -> text, is_timeout).
+FOREIGN_CODES: dict = {}
+
+
+def register_codes(codes: dict, describe_fn, timeouts=()) -> None:
+    """Codes outside symm_comm's range (1..31) that a kernel reporting into a buffer's error record writes:
+    `describe_fn(words)` gives their text; those in `timeouts` raise SymmTimeoutError and need a resync."""
+    for c in codes:
+        if c < 32:
+            raise ValueError(f"code {c} is in symm_comm's own range 1..31")
+        FOREIGN_CODES[int(c)] = (describe_fn, int(c) in set(timeouts))
+
+
+def is_timeout(code: int) -> bool:
+    return code == 1 or FOREIGN_CODES.get(int(code), (None, False))[1]
+
+
 def describe(words) -> str:
     code, rank, phase, what, detail, epoch = (int(w) for w in words[:6])
+    if code in FOREIGN_CODES:
+        return (f"rank {rank}: {FOREIGN_CODES[code][0](words)}" +
+                (". After a timeout call resync() on all ranks" if FOREIGN_CODES[code][1] else ""))
     ph = PHASES.get(phase, f"phase {phase}")
     ep = f" (epoch {epoch})" if epoch else ""  # 0: a phase that reports without the call's epoch (fused GEMMs)
     if code == 1 and phase == 8:
@@ -81,5 +102,5 @@ def describe(words) -> str:
 
 
 def make_error(words) -> SymmCommError:
-    cls = SymmTimeoutError if int(words[0]) == 1 else SymmCommError
+    cls = SymmTimeoutError if is_timeout(int(words[0])) else SymmCommError
     return cls("symm_comm: " + describe(words), tuple(int(w) for w in words))
