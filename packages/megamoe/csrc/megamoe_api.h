@@ -30,9 +30,8 @@ MOE_API int megamoe_abi_version(void);
 // weight -> l1_q / l1_s, [pool_rows][I] / [pool_rows][I / 128]) -> L2 (w2 -> the buffer's combine input)
 // -> pull combine -> y BF16 [num_tokens][H]. grid_words: kGridWords u32 (megamoe/layout.cuh: the grid
 // barriers' words and the dynamic tile order's counters), zero at creation and after a resync.
-// Device-side errors go to the buffer's error record (host_err mirror); the GEMM phases' timeouts
-// (fp4_gemm's codes 32..) only claim its device word so far and do not reach the mirror (known bug, fix:
-// experiments/patches/fused-error-paths.patch). stamps: null, or 9 u64 per CTA of the
+// Device-side errors go to the buffer's error record (host_err mirror), the GEMM roles' timeouts too
+// (fp4_gemm's codes 32..: claimed in their loops, the record filled after the role stopped). stamps: null, or 9 u64 per CTA of the
 // grid (at most 2 x the SM count): %globaltimer at the phase boundaries and the SM (fused.cu kStamps; profiling).
 // sk_*: the split-K workspace of both GEMMs (fp4_gemm_api.h; null: none), zero on entry, left zero by a
 // call that completes (after an error the caller zeroes the counters).
