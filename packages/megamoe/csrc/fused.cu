@@ -102,16 +102,13 @@ __device__ __forceinline__ void produce_phase(const fg::SmemView<Cfg>& sm, const
                                               const fg::TokenOperand& x, const int* table, const moe::ErrSink& err,
                                               uint64_t timeout_ns, TileQueue* q, uint32_t* counter) {
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};  // one worker per CTA
-  bool ok;
+  // (A role's timeouts only claim the record, no stores in their loops: the kernel's end fills it.)
   if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
     const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, threadIdx.x == 0);
-    ok = fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, ds, threadIdx.x, err, timeout_ns);
+    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, ds, threadIdx.x, err, timeout_ns);
   } else {
-    ok = fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
+    fg::Mainloop<Cfg>::produce(sm, tmap, pb, w, x, Sched<Cfg>(pb, table, worker), threadIdx.x, err, timeout_ns);
   }
-  // The pipeline's and the ring's timeouts only claim the record (no stores in their loops): fill it here,
-  // or the host mirror, which the layer reads, would never see the error.
-  if (!ok) moe::fill_claimed_error(err);
 }
 
 template <class Cfg, fg::EpilogueKind kEpi>
@@ -121,14 +118,12 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
                                            TileQueue* q, uint32_t* counter) {
   const fg::TileEpilogue<Cfg, kEpi> epilogue{sm, pb, w, e, wg, tid_in_wg, kMathBarriers};
   const fg::Worker worker{int(blockIdx.x), int(gridDim.x), 0};
-  bool ok;
   if constexpr (Cfg::kPath == fg::WeightPath::kSmem) {
     const DynSched<Sched<Cfg>> ds(Sched<Cfg>(pb, table, worker), q, counter, &err, timeout_ns, false);
-    ok = fg::Mainloop<Cfg>::math(sm, pb, w, ds, wg, tid_in_wg, err, timeout_ns, epilogue);
+    fg::Mainloop<Cfg>::math(sm, pb, w, ds, wg, tid_in_wg, err, timeout_ns, epilogue);
   } else {
-    ok = fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
+    fg::Mainloop<Cfg>::math(sm, pb, w, Sched<Cfg>(pb, table, worker), wg, tid_in_wg, err, timeout_ns, epilogue);
   }
-  if (!ok) moe::fill_claimed_error(err);  // (as in produce_phase)
 }
 
 // Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
@@ -339,6 +334,11 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // grid barrier 2 (kInKernel: a released signal).
   combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y);
   stamp(7);
+  // The GEMM roles' timeouts (fp4_gemm's pipeline and the tile ring: a ring timeout ends the role as if
+  // its tiles were done) only claimed the record: fill it, or the host mirror, which the layer reads,
+  // would never see them. Every claim precedes grid barrier 2, which precedes this load (one L2 load per
+  // CTA where nothing failed).
+  if (tid == 0) moe::fill_claimed_error(err);
 }
 
 // ---- host --------------------------------------------------------------------------------------------

@@ -45,14 +45,14 @@ __device__ __forceinline__ void fill_error(const ErrSink& s, int code, int phase
     ptx::fence_acq_rel_sys();
   }
 }
-// For a role that claimed inside a loop (claim_error) and only knows afterwards that it failed, not
-// whether its claim won: fills the record with the winning code unless the host mirror already holds a
-// filled record (several failing threads may call it; they write the same words). Phase / what / detail
-// 0: a claimed code names its role itself (fp4_gemm/errors.cuh). Not inlined: off the hot path.
+// For a kernel whose roles claimed inside loops (claim_error), once they are all done: fills the record
+// with the winning code unless the host mirror already holds a filled record (several threads may call
+// it; they write the same words). Phase / what / detail 0: a claimed code names its role itself
+// (fp4_gemm/errors.cuh). Not inlined: off the hot path.
 inline __device__ __noinline__ void fill_claimed_error(const ErrSink& s) {
-  if (s.host && ptx::ld_relaxed_sys_s32(s.host) != 0) return;
-  const int32_t code = ptx::ld_relaxed_gpu_s32(s.dev);  // the winner's code (0: none)
-  if (code != 0) fill_error(s, code, 0, 0, 0);
+  const int32_t code = ptx::ld_relaxed_gpu_s32(s.dev);  // the winner's code (0: none; the common case)
+  if (code == 0 || (s.host && ptx::ld_relaxed_sys_s32(s.host) != 0)) return;
+  fill_error(s, code, 0, 0, 0);
 }
 __device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {
   if (ptx::atom_cas_relaxed_gpu_s32(s.dev, 0, code) == 0) fill_error(s, code, phase, what, detail);  // first error wins
