@@ -31,7 +31,7 @@ MOE_API int megamoe_abi_version(void);
 // -> pull combine -> y BF16 [num_tokens][H]. grid_words: kGridWords u32 (megamoe/layout.cuh: the grid
 // barriers' words and the dynamic tile order's counters), zero at creation and after a resync.
 // Device-side errors go to the buffer's error record (host_err mirror), the GEMM roles' timeouts too
-// (fp4_gemm's codes 32..: claimed in their loops, the record filled after the role stopped). stamps: null, or 9 u64 per CTA of the
+// (fp4_gemm's codes 32..: claimed in their loops, the record filled at the kernel's end). stamps: null, or 9 u64 per CTA of the
 // grid (at most 2 x the SM count): %globaltimer at the phase boundaries and the SM (fused.cu kStamps; profiling).
 // sk_*: the split-K workspace of both GEMMs (fp4_gemm_api.h; null: none), zero on entry, left zero by a
 // call that completes (after an error the caller zeroes the counters).
