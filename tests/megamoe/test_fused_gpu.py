@@ -225,7 +225,7 @@ def test_tiny_timeout_then_good_call():
     tiles: a call either raises a SymmTimeoutError naming rank and phase (whichever wait ran out first:
     dispatch, a grid barrier or a GEMM role), after which the layer refuses calls until resync(), or it
     completes and is bitwise the staged result (a wait that is met within one mbarrier.try_wait suspension
-    never looks at the clock, so a call can complete: 3-5 of 8 did in 2026-12-02's runs). After each, a call
+    never looks at the clock, so a call can complete: 0-5 of 8 did in 2026-12-02's runs). After each, a call
     with the normal limit is bitwise staged. At least one call must time out. (Which wait runs out first is
     not under the test's control; that a GEMM role's own timeout reaches the host mirror is checked with a
     fault-injection build: experiments/patches/fused-gemm-timeout-inject.patch.)"""

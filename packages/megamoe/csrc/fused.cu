@@ -55,8 +55,9 @@ static_assert(kMathBarriers.store0 + fg::kMathThreads / 128 <= 16, "named barrie
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
 // The dynamic tile order's counters (8- / 16- / 32-token tiles): one u32 per GEMM phase after the barrier
-// words; CTA 0 zeroes both before grid barrier 0 of every call (below), so a call starts from zero
-// whatever an earlier one left.
+// words, zero at creation; CTA 0 zeroes each after the grid barrier that ends its phase (no CTA takes a
+// tile after it; the next launch's first atomicAdd is ordered after it by the kernel boundary). After a
+// timeout the counter stays as it is: every timeout asks for resync(), which zeroes the grid words.
 enum TileCounter : int { kCountL1 = 3, kCountL2 = 4 };
 // Phase stamps (FusedParams::stamps, megamoe_api.h): 0 start, 1 dispatch done, 2 after grid barrier 0,
 // 3 this CTA's L1 tiles produced, 4 after grid barrier 1, 5 L2 produced, 6 after grid barrier 2, 7 combine done;
@@ -260,13 +261,6 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // no shared-memory load in their loops; the call's epoch is not recorded, 0): a sink referenced in
   // shared memory inside those loops cost the kernel its uniform datapath (load_deadline says how).
   const moe::ErrSink err{p.err_dev, p.host_err, L.rank, 0u};
-  // The tile counters start this call at zero whatever an earlier call left (one that timed out in a
-  // GEMM phase keeps its count): CTA 0 zeroes both before grid barrier 0, which orders the stores before
-  // every CTA's first take (each takes only after leaving that barrier; the previous launch is complete).
-  if (blockIdx.x == 0 && tid == 0) {
-    p.grid_words[kCountL1] = 0;
-    p.grid_words[kCountL2] = 0;
-  }
   bool ok = symm::grid_barrier_gpu(W, p.grid_words + kBarPool, load_deadline(st), err, MOE_PHASE_GRID0 + kBarPool);
   int* const s_ok = &st->grid_ok;
   stamp(2);
@@ -295,18 +289,24 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
       produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
                          p.grid_words + kCountL1);
     stamp(3);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
+    const bool all1 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok);
+    ok = all1 && ok;
     stamp(4);
     if (tid == 0) retire_pipeline(sm1);
+    // Every CTA took its last L1 unit before arriving; after a timeout a late CTA may still take units, so
+    // the counter stays as it is (the call holds its error; resync() zeroes the grid words).
+    if (all1 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL1] = 0;
     Wr.sync();  // (the math threads initialise L2's pipeline here)
     Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
     produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns, &st->q2,
                        p.grid_words + kCountL2);  // unguarded: below
     stamp(5);
-    ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
+    const bool all2 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok);
+    ok = all2 && ok;
     stamp(6);
     if (tid == 0) retire_pipeline(sm2);
+    if (all2 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL2] = 0;  // (as for L1)
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
@@ -336,9 +336,11 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   stamp(7);
   // The GEMM roles' timeouts (fp4_gemm's pipeline and the tile ring: a ring timeout ends the role as if
   // its tiles were done) only claimed the record: fill it, or the host mirror, which the layer reads,
-  // would never see them. Every claim precedes grid barrier 2, which precedes this load (one L2 load per
-  // CTA where nothing failed).
-  if (tid == 0) moe::fill_claimed_error(err);
+  // would never see them. Each claiming thread's CAS precedes this CTA's barriers after its role (bar 0 of
+  // the grid barriers and the combine), hence this load of thread 0 (one L2 load per CTA where nothing
+  // failed); a claim in another CTA is filled by that CTA's thread 0.
+  static_assert(fg::Err::kTimeoutEmpty == fg::Err::kTimeoutFull + 1, "the claim-only codes, one range");
+  if (tid == 0) moe::fill_claimed_error(err, fg::Err::kTimeoutFull, fg::Err::kTimeoutEmpty);
 }
 
 // ---- host --------------------------------------------------------------------------------------------

@@ -46,12 +46,14 @@ __device__ __forceinline__ void fill_error(const ErrSink& s, int code, int phase
   }
 }
 // For a kernel whose roles claimed inside loops (claim_error), once they are all done: fills the record
-// with the winning code unless the host mirror already holds a filled record (several threads may call
-// it; they write the same words). Phase / what / detail 0: a claimed code names its role itself
-// (fp4_gemm/errors.cuh). Not inlined: off the hot path.
-inline __device__ __noinline__ void fill_claimed_error(const ErrSink& s) {
+// if its code is one of the claim-only codes [lo, hi] and the host mirror is still empty (several threads
+// may call it; they write the same words). Only claim-only codes: report_error's winner fills its own
+// record (a fill here could interleave with it), and a record the host has already taken and cleared
+// while the device word is not yet zero (stream order) would be raised a second time. Phase / what /
+// detail 0: a claimed code names its role itself (fp4_gemm/errors.cuh). Not inlined: off the hot path.
+inline __device__ __noinline__ void fill_claimed_error(const ErrSink& s, int lo, int hi) {
   const int32_t code = ptx::ld_relaxed_gpu_s32(s.dev);  // the winner's code (0: none; the common case)
-  if (code == 0 || (s.host && ptx::ld_relaxed_sys_s32(s.host) != 0)) return;
+  if (code < lo || code > hi || (s.host && ptx::ld_relaxed_sys_s32(s.host) != 0)) return;
   fill_error(s, code, 0, 0, 0);
 }
 __device__ __forceinline__ void report_error(const ErrSink& s, int code, int phase, int what, int detail) {

@@ -56,10 +56,11 @@ FOREIGN_CODES: dict = {}
 def register_codes(codes: dict, describe_fn, timeouts=()) -> None:
     """Codes outside symm_comm's range (1..31) that a kernel reporting into a buffer's error record writes:
     `describe_fn(words)` gives their text; those in `timeouts` raise SymmTimeoutError and need a resync."""
+    timeouts = {int(t) for t in timeouts}
     for c in codes:
         if c < 32:
             raise ValueError(f"code {c} is in symm_comm's own range 1..31")
-        FOREIGN_CODES[int(c)] = (describe_fn, int(c) in set(timeouts))
+        FOREIGN_CODES[int(c)] = (describe_fn, int(c) in timeouts)
 
 
 def is_timeout(code: int) -> bool:
