@@ -59,6 +59,12 @@ enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
 // tile after it; the next launch's first atomicAdd is ordered after it by the kernel boundary). After a
 // timeout the counter stays as it is: every timeout asks for resync(), which zeroes the grid words.
 enum TileCounter : int { kCountL1 = 3, kCountL2 = 4 };
+// Added to twice the call's limit for the math threads' waits (why: at math_timeout_ns in the kernel).
+constexpr uint64_t kMathSlackNs = 1000000;
+// The codes after which a call needs resync(): a wait timed out (symm_comm's, or a GEMM role's claim).
+__device__ __forceinline__ bool needs_resync(int32_t code) {
+  return code == SYMM_ERR_TIMEOUT || code == fg::Err::kTimeoutFull || code == fg::Err::kTimeoutEmpty;
+}
 // Phase stamps (FusedParams::stamps, megamoe_api.h): 0 start, 1 dispatch done, 2 after grid barrier 0,
 // 3 this CTA's L1 tiles produced, 4 after grid barrier 1, 5 L2 produced, 6 after grid barrier 2, 7 combine done;
 // 8: the CTA's SM (%smid).
@@ -127,16 +133,16 @@ __device__ __forceinline__ void math_phase(const fg::SmemView<Cfg>& sm, const fg
   }
 }
 
-// Invalidates a finished pipeline's barriers (mbarrier.init over a live barrier is undefined) before the
-// next phase's pipeline is initialised over the same shared memory. One thread, after a CTA barrier that
-// follows every wait on them.
-template <class Cfg>
-__device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
-  for (int s = 0; s < Cfg::kNumStages; ++s) {
-    ptx::mbar_inval(sm.full(s));
-    ptx::mbar_inval(sm.empty(s));
-  }
-}
+// A GEMM configuration whose stage ring's barriers live at kRingOff, outside both GEMM plans (FusedSmem):
+// both rings are initialised once, before the roles split, and never re-initialised. (Initialising L2's ring
+// inside L1's plan after L1, by the math threads between two CTA barriers met at different code locations,
+// drew compute-sanitizer racecheck reports against the producer's first wait at the 128-token tile.) The
+// plan itself (tiles, tables, epilogue storage) and hence the bits are the configuration's.
+template <class Cfg, int kRingOff>
+struct RingAt : Cfg {
+  static constexpr int kBarOff = kRingOff;
+  static_assert(kRingOff % 8 == 0, "mbarrier alignment");
+};
 
 // The calls' starts, kept in shared memory across the GEMM phases: in registers they stayed live through
 // the math warpgroups' mainloops (~26 registers over the standalone kernel's budget, which spilled the
@@ -144,6 +150,7 @@ __device__ __forceinline__ void retire_pipeline(const fg::SmemView<Cfg>& sm) {
 struct FusedState {
   symm::CallStart dc, cc;
   int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
+  int failed;   // after grid barrier 2: this rank's call holds a timeout (thread 0 broadcasts; see phase C)
   SymmLayout L;  // phases D / C's parameters, copied here before the dispatch (why: dispatch_phase)
   symm::DispatchArgs d;
   TileQueue q1, q2;  // the dynamic tile order's rings of L1 and L2 (initialised with the pipelines)
@@ -161,7 +168,10 @@ struct FusedSmem {
   static constexpr int kTable2Off = (kGemmBytes + 15) / 16 * 16;
   static constexpr int kPeersOff = kTable2Off + fg::kUnitTableBytes;
   static constexpr int kStateOff = kPeersOff + SYMM_MAX_RANKS * 8;
-  static constexpr int kBytes = kStateOff + int(sizeof(FusedState));
+  // The two stage rings' barriers (RingAt): above the dispatch scratch [0, kPeersOff) and both plans.
+  static constexpr int kRing1Off = (kStateOff + int(sizeof(FusedState)) + 7) / 8 * 8;
+  static constexpr int kRing2Off = kRing1Off + 2 * CL1::kNumStages * 8;
+  static constexpr int kBytes = kRing2Off + 2 * CL2::kNumStages * 8;
   static_assert(kBytes <= 232448 / CL1::kCtasPerSm - (CL1::kCtasPerSm > 1 ? 1024 : 0), "shared memory per CTA");
   static_assert(CL1::kCtasPerSm == CL2::kCtasPerSm && CL1::kBlockN == CL2::kBlockN, "one token tile, one split");
   // The staged GEMMs split K at block_n 8 / 16 (grouped_gemm.cu's configurations): the fused kernel must
@@ -205,6 +215,8 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     fused_moe_kernel(const __grid_constant__ CUtensorMap tmap_pool, const __grid_constant__ CUtensorMap tmap_l1,
                      const __grid_constant__ FusedParams p) {
   using S = FusedSmem<CL1, CL2>;
+  using R1 = RingAt<CL1, S::kRing1Off>;  // the configurations with their rings outside the plans
+  using R2 = RingAt<CL2, S::kRing2Off>;
   using Regs = fg::RegisterSplit<kThreads, CL1::kCtasPerSm>;
   using Sched1 = Sched<CL1>;
   using Sched2 = Sched<CL2>;
@@ -266,10 +278,12 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   stamp(2);
 
   // ---- phases L1, L2 ---------------------------------------------------------------------------------------
-  fg::SmemView<CL1> sm1{smem};
-  fg::SmemView<CL2> sm2{smem};
-  fg::init_pipeline(sm1, tid, kThreads);
+  fg::SmemView<R1> sm1{smem};
+  fg::SmemView<R2> sm2{smem};
+  fg::fill_decode_table(sm1, tid, kThreads);
   if (tid == 0) {  // ordered before every use by the __syncthreads below
+    fg::init_ring(sm1);
+    fg::init_ring(sm2);
     st->q1.init();
     st->q2.init();
   }
@@ -282,57 +296,69 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // met at different code locations: barrier.sync without .aligned (Wr).
   symm::Workers Wr = W;
   Wr.any_pc = true;
+  // The math threads' pipeline and tile-ring waits get a longer limit than the waits that can stop their
+  // producer (its pool-block and grid waits: the call's deadline; its ring waits: timeout_ns). So either a
+  // stage's data arrives for every math thread or it never arrives and they all time out at the same stage:
+  // with equal per-thread limits one warpgroup could give up just before a late stage landed while the other
+  // took it and went on into a 256-thread barrier (split-K arrival, L1 epilogue) that the first never
+  // reaches, a hang no limit could end.
+  const uint64_t math_timeout_ns = 2 * p.timeout_ns + kMathSlackNs;
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
     if (ok)
-      produce_phase<CL1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
+      produce_phase<R1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
                          p.grid_words + kCountL1);
     stamp(3);
     const bool all1 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok);
     ok = all1 && ok;
     stamp(4);
-    if (tid == 0) retire_pipeline(sm1);
     // Every CTA took its last L1 unit before arriving; after a timeout a late CTA may still take units, so
     // the counter stays as it is (the call holds its error; resync() zeroes the grid words).
     if (all1 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL1] = 0;
-    Wr.sync();  // (the math threads initialise L2's pipeline here)
+    Wr.sync();  // (the math threads fill L2's decode table here)
     Wr.sync();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads L1 rows other CTAs' epilogues wrote
-    produce_phase<CL2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns, &st->q2,
+    produce_phase<R2>(sm2, &tmap_l1, p.pb2, p.w2, p.x2, table2, err, p.timeout_ns, &st->q2,
                        p.grid_words + kCountL2);  // unguarded: below
     stamp(5);
     const bool all2 = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok);
     ok = all2 && ok;
     stamp(6);
-    if (tid == 0) retire_pipeline(sm2);
     if (all2 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL2] = 0;  // (as for L1)
     ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
     if (ok)
-      math_phase<CL1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err,
-                                             p.timeout_ns, &st->q1, p.grid_words + kCountL1);
+      math_phase<R1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err,
+                                            math_timeout_ns, &st->q1, p.grid_words + kCountL1);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL1, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL1, s_ok) && ok;
-    Wr.sync();  // L1's barriers retired
-    fg::init_pipeline(sm2, tid - 128, fg::kMathThreads);
+    Wr.sync();  // every L1 read of the plan done
+    fg::fill_decode_table(sm2, tid - 128, fg::kMathThreads);  // (L2's ring: initialised before the split)
     Wr.sync();
     // L2 runs even after a failed barrier (the call already holds its error; both roles run it, so
     // nothing waits for a tile that never comes): `ok` comes from a shared-memory broadcast, and a
     // branch on it around the mainloop made ptxas treat the loop as divergent (vector registers for
     // its uniform addresses, as above).
     ptx::named_barrier(kL1Barrier, fg::kMathThreads);  // .aligned at one code location: converged (ptxas)
-    math_phase<CL2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, p.timeout_ns,
-                                             &st->q2, p.grid_words + kCountL2);
+    math_phase<R2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, math_timeout_ns,
+                                            &st->q2, p.grid_words + kCountL2);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
     ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
   }
 
   // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
   // grid barrier 2 (kInKernel: a released signal).
-  combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y);
+  // Not after a timeout in this rank's call (any CTA's: every claim and report precedes its CTA's arrival at
+  // grid barrier 2, whose acquire orders this load after them): its L2 rows may be incomplete, and the
+  // peers would pull them without an error. Skipped, the peers time out waiting for this rank's start
+  // signal and raise too; a timeout asks every rank for resync() anyway. (Other errors, e.g. a capacity
+  // overflow, keep the combine: they need no resync and the epochs stay in step.)
+  if (tid == 0) st->failed = needs_resync(ptx::ld_relaxed_gpu_s32(p.err_dev));
+  __syncthreads();
+  if (!st->failed) combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y);
   stamp(7);
   // The GEMM roles' timeouts (fp4_gemm's pipeline and the tile ring: a ring timeout ends the role as if
   // its tiles were done) only claimed the record: fill it, or the host mirror, which the layer reads,

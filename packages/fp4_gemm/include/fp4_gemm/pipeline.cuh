@@ -211,19 +211,30 @@ __device__ __forceinline__ int scale_slot(int token) {
   return ((token % 8) / 2) * Cfg::kScaleQuadFloats + 2 * (token / 8) + token % 2;
 }
 
+// A pipeline's two parts: the ring's barriers (one thread) and the decode table (any threads). A kernel
+// that runs several pipelines may initialise every ring once, up front (the fused kernel: its rings lie
+// outside the GEMM plans), and refill only the table of each phase's plan.
 template <class Cfg>
-__device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, int nthreads) {
-  if (tid == 0) {
-    for (int s = 0; s < Cfg::kNumStages; ++s) {
-      ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
-      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
-    }
-    ptx::fence_mbar_init();
+__device__ __forceinline__ void init_ring(const SmemView<Cfg>& sm) {
+  for (int s = 0; s < Cfg::kNumStages; ++s) {
+    ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
+    ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
   }
+  ptx::fence_mbar_init();
+}
+
+template <class Cfg>
+__device__ __forceinline__ void fill_decode_table(const SmemView<Cfg>& sm, int tid, int nthreads) {
   if constexpr (Cfg::kSmemLut32)
     fill_shift_lut32(sm.lut32(), tid, nthreads);
   else
     fill_shift_lut(sm.lut(), tid, nthreads);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void init_pipeline(const SmemView<Cfg>& sm, int tid, int nthreads) {
+  if (tid == 0) init_ring(sm);
+  fill_decode_table(sm, tid, nthreads);
 }
 
 struct WeightOperand {
