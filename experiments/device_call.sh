@@ -69,6 +69,12 @@ for s in "$@"; do
       timeout 150 python3 experiments/fused_cta_times.py flash ${CTA_T:-16 128 512} 2>&1 | tail -40 | tee "$OUT/cta_times_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" ;;
     gemm-var) stamp "$s"  # probe_gemm.py cases GV_CASES once per library folder in GV_LIBS (in turn, GV_ROUNDS rounds)
       for r in $(seq "${GV_ROUNDS:-1}"); do bash experiments/gemm_variants.sh "$GV_CASES" $GV_LIBS 2>&1 | tee -a "$OUT/gemm_var.log"; done ;;
+    grid-probe) stamp "$s"  # the staged layer's dispatch / combine at smaller grids (GRID_T tokens, GRID_N grids)
+      timeout 200 python3 experiments/comm_grid_probe.py flash,pro ${GRID_T:-1,16} ${GRID_N:-0,64,32,16,8,4} 2>&1 | grep -v "^\[megamoe" | tail -40 | tee "$OUT/grid_probe.log" ;;
+    timeline) stamp "$s"  # the kernels of one CUDA-graph replay (TL_T tokens, TL_B backends)
+      timeout 200 python3 experiments/graph_timeline.py flash,pro ${TL_T:-1,16} ${TL_B:-staged,fused} 2>&1 | grep -v "^\[megamoe" | tee "$OUT/timeline_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" | tail -60 ;;
+    cold-probe) stamp "$s"  # dispatch / combine with code and state warm vs evicted from L2 (1 rank)
+      timeout 120 python3 experiments/comm_cold_probe.py ${COLD_T:-1,16} 2>&1 | grep -v "^\[megamoe\|Warn\|warn" | tail -20 | tee "$OUT/cold_probe.log" ;;
     py=*) stamp "$s"  # the later steps import megamoe's Python from this folder (a carried tree's python/)
       export PYTHONPATH="$PWD/${s#py=}:$PYTHONPATH" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
