@@ -75,6 +75,11 @@ for s in "$@"; do
       timeout 200 python3 experiments/graph_timeline.py flash,pro ${TL_T:-1,16} ${TL_B:-staged,fused} 2>&1 | grep -v "^\[megamoe" | tee "$OUT/timeline_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" | tail -60 ;;
     cold-probe) stamp "$s"  # dispatch / combine with code and state warm vs evicted from L2 (1 rank)
       timeout 120 python3 experiments/comm_cold_probe.py ${COLD_T:-1,16} 2>&1 | grep -v "^\[megamoe\|Warn\|warn" | tail -20 | tee "$OUT/cold_probe.log" ;;
+    sanitize-small) stamp "$s"  # synccheck + racecheck of the fused layer at T 9 (2 CTAs per SM) and 33, first reports' locations
+      for T_ in 9 33; do for tool in synccheck racecheck; do timeout 60 compute-sanitizer --tool $tool --report-api-errors no \
+        --print-limit 2 --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused > /tmp/san.log 2>&1
+        echo "T $T_ $tool rc=$?"; grep -E "SUMMARY" /tmp/san.log | head -1
+        grep -E "^=========  ?(Barrier|Error|    at )" /tmp/san.log | head -6 | cut -c1-180; done; done ;;
     py=*) stamp "$s"  # the later steps import megamoe's Python from this folder (a carried tree's python/)
       export PYTHONPATH="$PWD/${s#py=}:$PYTHONPATH" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
