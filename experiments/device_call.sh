@@ -75,11 +75,6 @@ for s in "$@"; do
       timeout 200 python3 experiments/graph_timeline.py flash,pro ${TL_T:-1,16} ${TL_B:-staged,fused} 2>&1 | grep -v "^\[megamoe" | tee "$OUT/timeline_$(basename "$(dirname "$MEGAMOE_LIB_DIR")").log" | tail -60 ;;
     cold-probe) stamp "$s"  # dispatch / combine with code and state warm vs evicted from L2 (1 rank)
       timeout 120 python3 experiments/comm_cold_probe.py ${COLD_T:-1,16} 2>&1 | grep -v "^\[megamoe\|Warn\|warn" | tail -20 | tee "$OUT/cold_probe.log" ;;
-    sanitize-small) stamp "$s"  # synccheck + racecheck of the fused layer at T 9 (2 CTAs per SM) and 33, first reports' locations
-      for T_ in 9 33; do for tool in synccheck racecheck; do timeout 60 compute-sanitizer --tool $tool --report-api-errors no \
-        --print-limit 2 --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused > /tmp/san.log 2>&1
-        echo "T $T_ $tool rc=$?"; grep -E "SUMMARY" /tmp/san.log | head -1
-        grep -E "^=========  ?(Barrier|Error|    at )" /tmp/san.log | head -6 | cut -c1-180; done; done ;;
     py=*) stamp "$s"  # the later steps import megamoe's Python from this folder (a carried tree's python/)
       export PYTHONPATH="$PWD/${s#py=}:$PYTHONPATH" ;;
     lib=*) stamp "$s"  # the later steps use these libraries (a carried build folder's lib/)
@@ -87,9 +82,11 @@ for s in "$@"; do
     fused-seed) stamp "$s"  # replay one seed of the fused tests (FUSED_SEED, FUSED_K: pytest -k)
       MEGAMOE_TEST_SEED=$FUSED_SEED timeout 100 python3 -m pytest -q --timeout 90 tests/megamoe/test_fused_gpu.py \
         -k "$FUSED_K" 2>&1 | tail -4 ;;
-    race-fused) stamp "$s"  # racecheck of the fused layer at T 33 and 512 (the current MEGAMOE_LIB_DIR)
-      for T_ in 33 512; do timeout 100 compute-sanitizer --tool racecheck --report-api-errors no \
-        --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused 2>&1 | grep -E "SUMMARY|profile_layer" | tail -2; done ;;
+    race-fused) stamp "$s"  # SAN_TOOLS (racecheck) of the fused layer at SAN_T (33 512; 9: two CTAs per SM), first reports' locations
+      for T_ in ${SAN_T:-33 512}; do for tool in ${SAN_TOOLS:-racecheck}; do timeout 100 compute-sanitizer --tool $tool \
+        --report-api-errors no --print-limit 2 --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused \
+        > /tmp/san.log 2>&1; echo "T $T_ $tool rc=$?"; grep -E "SUMMARY|profile_layer" /tmp/san.log | tail -2
+        grep -E "^=========  ?(Barrier|Error|    at )" /tmp/san.log | head -6 | cut -c1-180; done; done ;;
     *) echo "unknown step $s" ;;
   esac
 done
