@@ -86,7 +86,8 @@ for s in "$@"; do
       for T_ in ${SAN_T:-33 512}; do for tool in ${SAN_TOOLS:-racecheck}; do timeout 100 compute-sanitizer --tool $tool \
         --report-api-errors no --print-limit 2 --error-exitcode 9 python3 bench/profile_layer.py 16 512 256 4 $T_ fused \
         > /tmp/san.log 2>&1; echo "T $T_ $tool rc=$?"; grep -E "SUMMARY|profile_layer" /tmp/san.log | tail -2
-        grep -E "^=========  ?(Barrier|Error|    at )" /tmp/san.log | head -6 | cut -c1-180; done; done ;;
+        head -c 200000 /tmp/san.log > "$OUT/san_$(basename "$(dirname "${MEGAMOE_LIB_DIR:-build/lib}")")_T${T_}_$tool.log"
+        grep -E "^=========  ?(Barrier|Error|    at |    and )" /tmp/san.log | head -8 | cut -c1-400; done; done ;;
     *) echo "unknown step $s" ;;
   esac
 done

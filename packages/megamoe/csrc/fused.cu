@@ -47,10 +47,12 @@ struct CommBatch {
 // The kernel's one named-barrier list: 0 = __syncthreads; 1 = all 256 math threads (the L1 epilogue, the
 // split-K arrival), and
 // the math threads' aligned barrier before L2;
-// 2 + wg = the staged BF16 store of math warpgroup wg.
+// 2 + wg = the staged BF16 store of math warpgroup wg; kRegBarrier (below).
 constexpr uint32_t kL1Barrier = 1;
 constexpr fg::MathBarriers kMathBarriers{kL1Barrier, 2};
-static_assert(kMathBarriers.store0 + fg::kMathThreads / 128 <= 16, "named barrier ids");
+// 4: at two CTAs per SM, the math warpgroups' register return after phase D before the producer's inc.
+constexpr uint32_t kRegBarrier = kMathBarriers.store0 + fg::kMathThreads / 128;
+static_assert(kRegBarrier < 16, "named barrier ids");
 // Grid barriers (symm_comm's grid_barrier_gpu), in call order: one caller-owned word each (grid_words,
 // zero at creation and after a resync; a barrier's word never needs a reset otherwise).
 enum GridBar : int { kBarPool = 0, kBarL1 = 1, kBarL2 = 2 };
@@ -87,7 +89,7 @@ struct FusedParams {
   uint16_t* y;
   uint32_t* grid_words;
   int32_t* err_dev;  // this rank's error record (symm state_err): the GEMM phases' and grid barriers' sink
-  uint64_t* stamps;  // optional (null): kStamps %globaltimer values per CTA (profiling; thread 0 writes)
+  uint64_t* stamps;  // optional (null): kStamps %globaltimer values per CTA (profiling; thread 0 writes, stamp 7 phase C's lead)
 };
 
 }  // namespace
@@ -192,20 +194,42 @@ struct FusedSmem {
 __device__ __forceinline__ const FusedState& state_at(uint32_t st) {
   return *static_cast<const FusedState*>(__cvta_shared_to_generic(st));
 }
+// W: the whole CTA, or (2 CTAs per SM) the math warpgroups' group: dispatch_group.
 template <typename IdxT, int kUnroll, bool kDedup>
 __device__ __noinline__ void dispatch_phase(uint32_t st, int onepass, const uint64_t* s_peers, int32_t* dsm,
-                                            int64_t dsm_ints) {
+                                            int64_t dsm_ints, symm::Workers W) {
   const FusedState& S = state_at(st);
-  const symm::Workers W = symm::Workers::cta();
   symm::dispatch_run<IdxT, kUnroll, kDedup>(W, S.L, s_peers, S.dc, S.d, dsm, dsm_ints, onepass);
   symm::end_call(W, S.dc.local, S.L, SYMM_OP_DISPATCH, S.dc.epoch);
 }
 
+// Phase D's workers at two CTAs per SM: the two math warpgroups (threads 128..383) with named barrier
+// kL1Barrier (free until the GEMM phases: it is theirs there too), the producer warpgroup idle at 24
+// registers, so the dispatch runs at CommRegs::kMath (104) instead of the launch's 80: at 80 its callee spilled
+// 164-384 bytes (the row pull's vectors and the tables' state) and the row-pulling CTAs ended ~7 us after
+// the others (docs/perf-notes.md). One group per CTA, as Workers::cta(): the same rows and tables.
+// The same split as the GEMM roles' (fg::RegisterSplit) with the producer warpgroup at setmaxnreg's minimum:
+// 80 launch registers -> 104 for the math warpgroups at two CTAs per SM.
+using CommRegs = fg::RegisterSplit<kThreads, 2, 24>;
+static_assert(CommRegs::kLaunchRegs == 80 && CommRegs::kMath == 104, "the budgets the notes measured");
+__device__ __forceinline__ symm::Workers dispatch_group() {
+  symm::Workers w;
+  w.warp = (int(threadIdx.x) - 128) / 32;
+  w.nwarps = fg::kMathThreads / 32;
+  w.lane = threadIdx.x % 32;
+  w.group = blockIdx.x;
+  w.ngroups = gridDim.x;
+  w.bar_id = kL1Barrier;
+  // One code location (the dispatch / combine callee): aligned bar.sync / bar.red after a __syncwarp
+  // (Workers::sync). The non-aligned barrier.red drew 8416 synccheck divergent-barrier reports at T 9.
+  w.any_pc = false;
+  return w;
+}
+
 // The L1 epilogue applied the top-k weights (topk_w null).
 template <int kCombineK>
-__device__ __noinline__ void combine_phase(uint32_t st, const uint64_t* s_peers, uint16_t* y) {
+__device__ __noinline__ void combine_phase(uint32_t st, const uint64_t* s_peers, uint16_t* y, symm::Workers W) {
   const FusedState& S = state_at(st);
-  const symm::Workers W = symm::Workers::cta();
   symm::combine_pull_run_all<kCombineK, symm::Order::kInKernel>(W, S.L, s_peers, S.cc, nullptr, y, S.d.num_tokens);
   symm::combine_end(W, S.cc.local, S.L, S.cc.epoch);
 }
@@ -258,12 +282,33 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   int32_t* dsm = reinterpret_cast<int32_t*>(smem);
   const int64_t dsm_ints = S::kPeersOff / 4;
   constexpr int kPlain = CommBatch<CL1::kCtasPerSm>::kPullPlain;
-  if (p.idx_bytes == 8) {
-    if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
-    else dispatch_phase<int64_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+  auto dispatch = [&](const symm::Workers& Wd) {
+    if (p.idx_bytes == 8) {
+      if (p.dedup) dispatch_phase<int64_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints, Wd);
+      else dispatch_phase<int64_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints, Wd);
+    } else {
+      if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints, Wd);
+      else dispatch_phase<int32_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints, Wd);
+    }
+  };
+  if constexpr (CL1::kCtasPerSm == 2) {
+    using DR = CommRegs;
+    if (tid < 128) {
+      ptx::setmaxnreg_dec<DR::kProducer>();
+      // The producer warpgroup takes its registers back only after the math warpgroups returned theirs: an
+      // inc right after its dec could re-take the registers it had just freed before their inc, which would
+      // then wait forever (setmaxnreg has no time limit; the first build of this hung the H200).
+      ptx::barrier_sync_any(kRegBarrier, kThreads);
+      ptx::setmaxnreg_inc<DR::kLaunchRegs>();
+    } else {
+      ptx::setmaxnreg_inc<DR::kMath>();  // waits for the producer warpgroup's dec
+      dispatch(dispatch_group());
+      __syncwarp();  // setmaxnreg is .sync.aligned: whole warps (end_call's tail is the leader's alone)
+      ptx::setmaxnreg_dec<DR::kLaunchRegs>();
+      ptx::barrier_arrive_any(kRegBarrier, kThreads);
+    }
   } else {
-    if (p.dedup) dispatch_phase<int32_t, kPullUnroll, true>(st_s, p.onepass, s_peers, dsm, dsm_ints);
-    else dispatch_phase<int32_t, kPlain, false>(st_s, p.onepass, s_peers, dsm, dsm_ints);
+    dispatch(W);
   }
   stamp(1);
   // The generic-proxy smem writes of phase D before the GEMMs' TMA writes into the same bytes.
@@ -289,7 +334,12 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   }
   Sched1::build_table(p.pb1, sm1.unit_table(), reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
   __syncthreads();
-  Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()), tid, 0);
+  // Each table its own 12 scratch ints: with the setmaxnreg hand-off of phase D before the tables,
+  // racecheck reported Sched1's scratch writes against Sched2's reads (4 hazards at T 9) although two CTA
+  // barriers separate them; a setmaxnreg pair alone before the unchanged tables drew hazards inside one
+  // build_table, across its aligned barrier (8, T 9). Disjoint scratch: clean, and costs nothing.
+  static_assert(R1::kEpilogueBytes >= 2 * 16 * 4 && Sched2::kTableThreads / 32 <= 16, "two scratch runs");
+  Sched2::build_table(p.pb2, table2, reinterpret_cast<int*>(sm1.epilogue()) + 16, tid, 0);
   __syncthreads();
   // The roles keep their register budgets until the combine: every CTA barrier and grid barrier below is
   // reached from inside both branches, so ptxas sees one budget per region. Those barriers are therefore
@@ -303,6 +353,31 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   // took it and went on into a 256-thread barrier (split-K arrival, L1 epilogue) that the first never
   // reaches, a hang no limit could end.
   const uint64_t math_timeout_ns = 2 * p.timeout_ns + kMathSlackNs;
+
+  // ---- phase C (after both roles' grid barrier 2): every rank's L2 rows and the dispatch's peer stores are
+  // ordered before the start signal by grid barrier 2 (kInKernel: a released signal).
+  // Not after a timeout in this rank's call (any CTA's: every claim and report precedes its CTA's arrival at
+  // grid barrier 2, whose acquire orders this load after them): its L2 rows may be incomplete, and the
+  // peers would pull them without an error. Skipped, the peers time out waiting for this rank's start
+  // signal and raise too; a timeout asks every rank for resync() anyway. (Other errors, e.g. a capacity
+  // overflow, keep the combine: they need no resync and the epochs stay in step.)
+  // Wc: the whole CTA (lead 0), or at two CTAs per SM the math warpgroups (lead 128) at the dispatch's budget,
+  // called inside their branch: after the roles' branches merge ptxas allocates for the smaller budget (the
+  // producer's 24), which spilled the combine callee 624-760 bytes.
+  // The GEMM roles' timeouts (fp4_gemm's pipeline and the tile ring: a ring timeout ends the role as if
+  // its tiles were done) only claimed the record: fill it, or the host mirror, which the layer reads,
+  // would never see them. Each claiming thread's CAS precedes this CTA's barriers after its role (bar 0 of
+  // the grid barriers), hence this load of the lead thread (one L2 load per CTA where nothing failed); a
+  // claim in another CTA is filled by that CTA's lead.
+  constexpr bool kMathComm = CL1::kCtasPerSm == 2;
+  auto phase_c = [&](const symm::Workers& Wc, int lead) {
+    if (tid == lead) st->failed = needs_resync(ptx::ld_relaxed_gpu_s32(p.err_dev));
+    Wc.sync();
+    if (!st->failed) combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y, Wc);
+    if (p.stamps != nullptr && tid == lead) p.stamps[int64_t(blockIdx.x) * kStamps + 7] = ptx::globaltimer_ns();
+    static_assert(fg::Err::kTimeoutEmpty == fg::Err::kTimeoutFull + 1, "the claim-only codes, one range");
+    if (tid == lead) moe::fill_claimed_error(err, fg::Err::kTimeoutFull, fg::Err::kTimeoutEmpty);
+  };
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
@@ -326,7 +401,9 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     ok = all2 && ok;
     stamp(6);
     if (all2 && tid == 0 && blockIdx.x == 0) p.grid_words[kCountL2] = 0;  // (as for L1)
-    ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
+    __syncwarp();  // (thread 0's stores and stamps above: setmaxnreg needs the whole warp)
+    if constexpr (kMathComm) ptx::setmaxnreg_dec<CommRegs::kProducer>();  // idle to its exit (phase C: the math's)
+    else ptx::setmaxnreg_inc<Regs::kLaunchRegs>();
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
@@ -346,27 +423,15 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
     math_phase<R2, fg::EpilogueKind::kBF16>(sm2, p.pb2, p.w2, p.e2, table2, wg, tid_in_wg, err, math_timeout_ns,
                                             &st->q2, p.grid_words + kCountL2);
     ok = symm::grid_barrier_gpu(Wr, p.grid_words + kBarL2, load_deadline(st), err, MOE_PHASE_GRID0 + kBarL2, s_ok) && ok;
-    ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
+    if constexpr (kMathComm) {
+      ptx::setmaxnreg_inc<CommRegs::kMath>();
+      phase_c(dispatch_group(), 128);
+    } else {
+      ptx::setmaxnreg_dec<Regs::kLaunchRegs>();
+    }
   }
 
-  // ---- phase C: every rank's L2 rows and the dispatch's peer stores are ordered before the start signal by
-  // grid barrier 2 (kInKernel: a released signal).
-  // Not after a timeout in this rank's call (any CTA's: every claim and report precedes its CTA's arrival at
-  // grid barrier 2, whose acquire orders this load after them): its L2 rows may be incomplete, and the
-  // peers would pull them without an error. Skipped, the peers time out waiting for this rank's start
-  // signal and raise too; a timeout asks every rank for resync() anyway. (Other errors, e.g. a capacity
-  // overflow, keep the combine: they need no resync and the epochs stay in step.)
-  if (tid == 0) st->failed = needs_resync(ptx::ld_relaxed_gpu_s32(p.err_dev));
-  __syncthreads();
-  if (!st->failed) combine_phase<CommBatch<CL1::kCtasPerSm>::kCombineK>(st_s, s_peers, p.y);
-  stamp(7);
-  // The GEMM roles' timeouts (fp4_gemm's pipeline and the tile ring: a ring timeout ends the role as if
-  // its tiles were done) only claimed the record: fill it, or the host mirror, which the layer reads,
-  // would never see them. Each claiming thread's CAS precedes this CTA's barriers after its role (bar 0 of
-  // the grid barriers and the combine), hence this load of thread 0 (one L2 load per CTA where nothing
-  // failed); a claim in another CTA is filled by that CTA's thread 0.
-  static_assert(fg::Err::kTimeoutEmpty == fg::Err::kTimeoutFull + 1, "the claim-only codes, one range");
-  if (tid == 0) moe::fill_claimed_error(err, fg::Err::kTimeoutFull, fg::Err::kTimeoutEmpty);
+  if constexpr (!kMathComm) phase_c(W, 0);
 }
 
 // ---- host --------------------------------------------------------------------------------------------

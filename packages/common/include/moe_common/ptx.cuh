@@ -442,6 +442,23 @@ SYMM_DEV void named_barrier(uint32_t id, uint32_t threads) {
 SYMM_DEV void barrier_sync_any(uint32_t id, uint32_t threads) {
   asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// barrier.arrive (not .aligned): arrive at barrier `id` among `threads` threads without waiting (a
+// producer / consumer handshake: the waiting side calls barrier_sync_any with the same count).
+SYMM_DEV void barrier_arrive_any(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// bar.red.and.pred (= barrier.red.aligned) on barrier `id` among `threads` threads: the AND of pred, for a
+// named group whose converged warps all reach it at one code location (Workers with any_pc = false).
+SYMM_DEV bool named_barrier_and(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.and.pred q, %2, %3, p;\n\t"
+      "selp.u32 %0, 1, 0, q;\n\t}"
+      : "=r"(out)
+      : "r"((uint32_t)pred), "r"(id), "r"(threads)
+      : "memory");
+  return out != 0;
+}
 // barrier.red.and.pred (not .aligned) on barrier `id` among `threads` threads (a multiple of 32): every
 // participant's earlier memory operations are ordered before every participant's later ones (as
 // barrier.sync), and each gets the AND of all their predicates (id 0 with the whole CTA and one code

@@ -222,6 +222,7 @@ struct GroupedScheduler {
       if (lane >= o) incl += y;
     }
     if (lane == 31) scratch[warp] = incl;
+    __syncwarp();  // the aligned barrier after lane-divergent code: reconverge first (an asm bar.sync does not)
     ptx::named_barrier(bar_id, kTableThreads);
     int before = incl - v[kPer - 1];
     for (int w = 0; w < warp; ++w) before += scratch[w];

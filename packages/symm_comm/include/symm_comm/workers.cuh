@@ -36,14 +36,20 @@ struct Workers {
       __syncwarp();  // arrive as whole warps (a role's lanes may leave its loops apart; synccheck)
       ptx::barrier_sync_any(bar_id, nwarps * 32);
     } else if (bar_id == 0) __syncthreads();
-    else ptx::named_barrier(bar_id, nwarps * 32);
+    else {
+      __syncwarp();  // an aligned barrier after lane-divergent code (rank r's thread alone): reconverge first
+      ptx::named_barrier(bar_id, nwarps * 32);
+    }
   }
-  // Group barrier that returns the AND of pred over the group's threads (bar.red.and; a named group:
-  // the non-aligned form, which is correct from any code location).
+  // Group barrier that returns the AND of pred over the group's threads (bar.red.and). A named group at
+  // one code location: the aligned form after a __syncwarp (the group's warps arrive converged; the
+  // non-aligned barrier.red drew compute-sanitizer synccheck's divergent-barrier reports there); any_pc:
+  // the non-aligned form.
   __device__ __forceinline__ bool sync_and(bool pred) const {
     if (bar_id == 0 && !any_pc) return __syncthreads_and(pred) != 0;
-    if (any_pc) __syncwarp();
-    return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
+    __syncwarp();
+    if (any_pc) return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
+    return ptx::named_barrier_and(bar_id, nwarps * 32, pred);
   }
   __device__ __forceinline__ bool leader() const { return warp == 0 && lane == 0; }
 
