@@ -11,8 +11,8 @@ from fp4_gemm.ops import prepare_weights
 
 
 def fresh_generator():
-    """A generator seeded from os.urandom (printed, so a failure can be replayed)."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A generator seeded from os.urandom, printed (replay a failure: MEGAMOE_TEST_SEED=<seed>)."""
+    seed = int(os.environ.get("MEGAMOE_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
 
@@ -129,9 +129,12 @@ def check_l1(q, s, q_ref, s_ref, what, bound=None):
     """L1 output vs the float64-GEMM reference.
 
     Asserted (measured on H200, commit f6d205a, see docs/perf-notes.md):
-    - >= 98.5 % of the E4M3 codes equal (measured 98.99-99.6 % on H200, 2026-12-01, with one scale per
-      128 channels and the fast SiLU: the flips come from the tensor cores' partial-sum precision at
-      the BF16 rounding of gate / up, ~1 % of codes; 99 % sat inside the sampling noise of small cases);
+    - >= 98.5 % of the E4M3 codes equal where the token's scale is bitwise equal (measured 98.99-99.6 % of
+      all codes on H200, 2026-12-01, with one scale per 128 channels and the fast SiLU: the flips come from
+      the tensor cores' partial-sum precision at the BF16 rounding of gate / up, ~1 % of codes), plus a
+      3-sigma allowance for small samples. Codes under a scale that differs are shifted by it (a 4-token
+      split-K case, 3 of 8 scales off by < 2^-7: 97.46 % of all codes equal, none off by more than one
+      step, 2026-12-04); the bound below checks them;
     - >= 98 % of the scales within 2^-7 relative (one BF16 step of the token's amax; 98.8 % measured in
       a small case with one scale per 128 channels, 2026-12-01). Bitwise-equal
       scales are reported, not asserted: 93-96 % without power-of-two scales, because the FP8
@@ -156,14 +159,17 @@ def check_l1(q, s, q_ref, s_ref, what, bound=None):
         allowed = torch.maximum(allowed, bound.cpu().double() + _e4m3_step(a_r / s_big) * s_big)
     far = dq > 1
     bad = far & ~((a_k - a_r).abs() <= allowed)  # NaN (an unwritten, poisoned code) counts as bad
+    same = (s.view(torch.int32) == s_ref.view(torch.int32)).repeat_interleave(gran, -1)
+    n_same, flips_same = int(same.sum()), int(((dq != 0) & same).sum())
     stats = dict(codes_eq=round((dq == 0).double().mean().item(), 5),
+                 codes_eq_same_scale=round(1 - flips_same / max(n_same, 1), 5),
                  scales_bitwise_eq=round((s.view(torch.int32) == s_ref.view(torch.int32)).double().mean().item(), 5),
                  scales_close=round(((s - s_ref).abs() <= s_ref * 2.0 ** -7).double().mean().item(), 5),
                  max_steps=int(dq.max()) if dq.numel() else 0, far_codes=int(far.sum()), bad=int(bad.sum()))
     print(what, stats)
     assert torch.isfinite(s).all() and (s > 0).all(), f"{what}: unwritten or bad scales"
     assert not ((q & 0x7F) == 0x7F).any(), f"{what}: E4M3 NaN codes (unwritten outputs keep the 0x7F poison)"
-    assert stats["codes_eq"] >= 0.985, f"{what}: codes {stats}"
+    assert flips_same <= 0.015 * n_same + 3 * (0.015 * n_same) ** 0.5, f"{what}: codes {stats}"
     assert stats["scales_close"] >= 0.98, f"{what}: scales {stats}"
     assert not bad.any(), f"{what}: codes off beyond the GEMM's accuracy {stats}"
     return stats

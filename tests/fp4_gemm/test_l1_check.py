@@ -2,13 +2,12 @@
 bugs (wrong channel order, wrong scale, lost sign); checked on the CPU with synthetic outputs."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from fp4_gemm import numerics as nm
-from gemm_cases import check_l1
+from gemm_cases import check_l1, fresh_generator
 
 
 def _a(gen):
@@ -22,7 +21,7 @@ def _q(a, pow2=False):
 
 @pytest.mark.parametrize("pow2", [False, True])
 def test_accepts_gemm_rounding(pow2):
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    gen = fresh_generator()
     a = _a(gen)
     noisy = a * (1 + 2.0 ** -12 * torch.randn(a.shape, generator=gen))  # FP8-MMA-level relative error
     check_l1(*_q(noisy, pow2), *_q(a, pow2), "noise")
@@ -30,7 +29,7 @@ def test_accepts_gemm_rounding(pow2):
 
 @pytest.mark.parametrize("bug", ["swap", "scale", "sign"])
 def test_rejects_bugs(bug):
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    gen = fresh_generator()
     a = _a(gen)
     q_ref, s_ref = _q(a)
     if bug == "swap":  # two channels exchanged

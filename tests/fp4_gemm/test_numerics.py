@@ -1,7 +1,7 @@
 """fp4_gemm.numerics against independent definitions (numpy + ml_dtypes casts), over every element.
 
 Inputs are fresh random draws each run; the seed is printed (shown on failure) and can be pinned
-with FP4_TEST_SEED=<seed>.
+with MEGAMOE_TEST_SEED=<seed>.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ FP32_SLACK = 1 + 2.0 ** -20      # rounding of x / s and of q * s in FP32
 
 @pytest.fixture
 def gen():
-    seed = int(os.environ.get("FP4_TEST_SEED", "0")) or int.from_bytes(os.urandom(8), "little") >> 1
-    print(f"seed={seed}  (rerun with FP4_TEST_SEED={seed})")
+    seed = int(os.environ.get("MEGAMOE_TEST_SEED", "0")) or int.from_bytes(os.urandom(8), "little") >> 1
+    print(f"seed={seed}  (rerun with MEGAMOE_TEST_SEED={seed})")
     return torch.Generator().manual_seed(seed)
 
 

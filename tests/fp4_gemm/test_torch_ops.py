@@ -3,7 +3,6 @@ GPU (what torch.compile traces with); on a GPU the ops run under torch.compile a
 and match the eager results bitwise."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -33,8 +32,8 @@ def test_fake_shapes():
 
 @pytest.mark.gpu
 def test_compile_and_cuda_graph():
-    from gemm_cases import random_tokens, random_weights
-    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    from gemm_cases import fresh_generator, random_tokens, random_weights
+    gen = fresh_generator()
     tw, pw = random_weights(4, 256, 512, gen)
     x = random_tokens(100, 512, gen)
     offs = torch.tensor([0, 30, 30, 99, 100], dtype=torch.int32, device="cuda")
