@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One instantiation of csrc/fused.cu (block_n $1) compiled alone (~10-60 s), with ptxas's summary and the
+# One instantiation of the fused kernel (csrc/fused.cu's switch, block_n $1) compiled alone (~10-60 s), with ptxas's summary and the
 # spill instructions by setmaxnreg region (experiments/sass_regions.py). Usage: experiments/fused_one.sh 8 [file.cu]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,7 +25,7 @@ print(f"test_fused_gpu: {why(SEED)}")
 
 # (E, H, I, K, activation_clamp, pow2_scales, T_max): the second has odd multiples of 128 and a T_max whose
 # calls reach the 128-token tile (T * K / E > 64); the last two have top-k above the fused kernel's combine
-# k batch at two CTAs per SM (4: csrc/fused.cu CommBatch), 6 with a partial second batch (the presets' top-k).
+# k batch at two CTAs per SM (4: csrc/fused_kernel.cuh CommBatch), 6 with a partial second batch (the presets' top-k).
 CONFIGS = {"E16_H512_I256_K4": (16, 512, 256, 4, math.inf, False, 129),
            "E8_H384_I384_K3_clamp_pow2": (8, 384, 384, 3, 2.0, True, 345),
            "E32_H512_I256_K6": (32, 512, 256, 6, math.inf, False, 129),

@@ -140,7 +140,7 @@ class MegaMoE(torch.nn.Module):
                 # completes leaves them consistent, one that timed out needs the resync)
                 self._grid_words = torch.zeros(_lib.grid_words(), dtype=torch.int32, device=self.device)
                 # profiling only (bench/fused_phases.py): an int64 [2 x SMs, 9] tensor here makes the kernel
-                # write %globaltimer at its phase boundaries (csrc/fused.cu kStamps)
+                # write %globaltimer at its phase boundaries (csrc/fused_kernel.cuh kStamps)
                 self._phase_stamps = None
             P, H, I = self.buffer.pool_rows, self.hidden, self.intermediate
             self._aq = torch.empty((P, I), dtype=torch.float8_e4m3fn, device=self.device)
