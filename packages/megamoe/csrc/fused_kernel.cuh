@@ -154,7 +154,7 @@ struct RingAt : Cfg {
 struct FusedState {
   symm::CallStart dc, cc;
   int grid_ok;  // a grid barrier's result, broadcast by warp 0 (grid_barrier_gpu s_ok)
-  int failed;   // after grid barrier 2: this rank's call holds a timeout (thread 0 broadcasts; see phase C)
+  int failed;   // after grid barrier 2: this rank's call holds a timeout (phase C's lead broadcasts)
   SymmLayout L;  // phases D / C's parameters, copied here before the dispatch (why: dispatch_phase)
   symm::DispatchArgs d;
   TileQueue q1, q2;  // the dynamic tile order's rings of L1 and L2 (initialised with the pipelines)
@@ -190,8 +190,8 @@ struct FusedSmem {
 // As calls: 92 / 332 bytes, L1 phase -3..-15 % (docs/perf-notes.md). Their parameters (layout, calls'
 // starts, dispatch arguments) come from the FusedState in shared memory, addressed by its 32-bit shared
 // address: through a pointer into the parameter space every read was a generic load re-issued after each
-// store (dispatch +4..+7 us), local copies lived on the stack (+10 us). The whole CTA calls them (their
-// barriers are the CTA's, bar 0).
+// store (dispatch +4..+7 us), local copies lived on the stack (+10 us). Their workers: the whole CTA (bar 0), or
+// at two CTAs per SM the math warpgroups (dispatch_group, bar 1).
 // `st`: the FusedState's 32-bit shared address (a generic pointer argument would make its reads generic).
 __device__ __forceinline__ const FusedState& state_at(uint32_t st) {
   return *static_cast<const FusedState*>(__cvta_shared_to_generic(st));
@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   const int tid = threadIdx.x;
   uint64_t* s_peers = reinterpret_cast<uint64_t*>(smem + S::kPeersOff);
   int* table2 = reinterpret_cast<int*>(smem + S::kTable2Off);
-  const symm::Workers W = symm::Workers::cta();  // every phase's group: the whole CTA (bar 0)
+  const symm::Workers W = symm::Workers::cta();  // the whole CTA (bar 0): setup, grid barrier 0, 1 CTA/SM D / C
   const SymmLayout& L = p.L;
-  // Thread 0 only (the producer warpgroup from the register split on): the math regions carry no stamp code.
+  // Thread 0 only (the producer warpgroup from the register split on); stamp 7 is phase C's lead's (phase_c).
   auto stamp = [&](int i) {
     if (p.stamps != nullptr && tid == 0) p.stamps[int64_t(blockIdx.x) * kStamps + i] = ptx::globaltimer_ns();
   };

@@ -29,8 +29,9 @@ struct Workers {
   __device__ __forceinline__ int64_t total_warps() const { return (int64_t)ngroups * nwarps; }
   __device__ __forceinline__ int64_t gthread() const { return (int64_t)group * nthreads() + tid(); }
   __device__ __forceinline__ int64_t total_threads() const { return (int64_t)ngroups * nthreads(); }
-  // bar_id 0 is the whole CTA (bar.sync 0 without a count, what __syncthreads emits); a constant in
-  // every caller (Workers::cta(), the fused kernel's list), so the branch folds away.
+  // bar_id 0 is the whole CTA (bar.sync 0 without a count, what __syncthreads emits). Inlined into a
+  // caller with a constant Workers the branches fold away; a __noinline__ callee taking W by value (the
+  // fused kernel's phases D / C) keeps them, a warp-uniform run-time branch.
   __device__ __forceinline__ void sync() const {
     if (any_pc) {
       __syncwarp();  // arrive as whole warps (a role's lanes may leave its loops apart; synccheck)
