@@ -215,17 +215,9 @@ __device__ __noinline__ void dispatch_phase(uint32_t st, int onepass, const uint
 using CommRegs = fg::RegisterSplit<kThreads, 2, 24>;
 static_assert(CommRegs::kLaunchRegs == 80 && CommRegs::kMath == 104, "the budgets the notes measured");
 __device__ __forceinline__ symm::Workers dispatch_group() {
-  symm::Workers w;
-  w.warp = (int(threadIdx.x) - 128) / 32;
-  w.nwarps = fg::kMathThreads / 32;
-  w.lane = threadIdx.x % 32;
-  w.group = blockIdx.x;
-  w.ngroups = gridDim.x;
-  w.bar_id = kL1Barrier;
   // One code location (the dispatch / combine callee): aligned bar.sync / bar.red after a __syncwarp
   // (Workers::sync). The non-aligned barrier.red drew 8416 synccheck divergent-barrier reports at T 9.
-  w.any_pc = false;
-  return w;
+  return symm::Workers::warps(128 / 32, fg::kMathThreads / 32, kL1Barrier, /*any_pc=*/false);
 }
 
 // The L1 epilogue applied the top-k weights (topk_w null).

@@ -447,32 +447,24 @@ SYMM_DEV void barrier_sync_any(uint32_t id, uint32_t threads) {
 SYMM_DEV void barrier_arrive_any(uint32_t id, uint32_t threads) {
   asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// bar.red.and.pred (= barrier.red.aligned) on barrier `id` among `threads` threads: the AND of pred, for a
-// named group whose converged warps all reach it at one code location (Workers with any_pc = false).
-SYMM_DEV bool named_barrier_and(uint32_t id, uint32_t threads, bool pred) {
+// barrier.red.and.pred on barrier `id` among `threads` threads (a multiple of 32): every participant's
+// earlier memory operations are ordered before every participant's later ones (as barrier.sync), and each
+// gets the AND of all their predicates. kAligned (bar.red): converged warps that all reach it at one code
+// location (a named Workers group, any_pc = false; the non-aligned form drew compute-sanitizer synccheck's
+// divergent-barrier reports there); else barrier.red, for participants at different code locations (id 0
+// with the whole CTA at one code location: __syncthreads_and).
+#define MOE_PTX_RED_AND(op) \
+  "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\t" op " q, %2, %3, p;\n\tselp.u32 %0, 1, 0, q;\n\t}"
+template <bool kAligned>
+SYMM_DEV bool barrier_red_and(uint32_t id, uint32_t threads, bool pred) {
   uint32_t out;
-  asm volatile(
-      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.and.pred q, %2, %3, p;\n\t"
-      "selp.u32 %0, 1, 0, q;\n\t}"
-      : "=r"(out)
-      : "r"((uint32_t)pred), "r"(id), "r"(threads)
-      : "memory");
+  if constexpr (kAligned)
+    asm volatile(MOE_PTX_RED_AND("bar.red.and.pred") : "=r"(out) : "r"((uint32_t)pred), "r"(id), "r"(threads) : "memory");
+  else
+    asm volatile(MOE_PTX_RED_AND("barrier.red.and.pred") : "=r"(out) : "r"((uint32_t)pred), "r"(id), "r"(threads) : "memory");
   return out != 0;
 }
-// barrier.red.and.pred (not .aligned) on barrier `id` among `threads` threads (a multiple of 32): every
-// participant's earlier memory operations are ordered before every participant's later ones (as
-// barrier.sync), and each gets the AND of all their predicates (id 0 with the whole CTA and one code
-// location: __syncthreads_and).
-SYMM_DEV bool barrier_and_any(uint32_t id, uint32_t threads, bool pred) {
-  uint32_t out;
-  asm volatile(
-      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbarrier.red.and.pred q, %2, %3, p;\n\t"
-      "selp.u32 %0, 1, 0, q;\n\t}"
-      : "=r"(out)
-      : "r"((uint32_t)pred), "r"(id), "r"(threads)
-      : "memory");
-  return out != 0;
-}
+#undef MOE_PTX_RED_AND
 
 }  // namespace moe::ptx
 #endif  // __CUDACC__

@@ -49,23 +49,26 @@ struct Workers {
   __device__ __forceinline__ bool sync_and(bool pred) const {
     if (bar_id == 0 && !any_pc) return __syncthreads_and(pred) != 0;
     __syncwarp();
-    if (any_pc) return ptx::barrier_and_any(bar_id, nwarps * 32, pred);
-    return ptx::named_barrier_and(bar_id, nwarps * 32, pred);
+    return any_pc ? ptx::barrier_red_and<false>(bar_id, nwarps * 32, pred)
+                  : ptx::barrier_red_and<true>(bar_id, nwarps * 32, pred);
   }
   __device__ __forceinline__ bool leader() const { return warp == 0 && lane == 0; }
 
-  // The whole CTA as one group (standalone kernels).
-  static __device__ __forceinline__ Workers cta() {
+  // The warps [first_warp, first_warp + nwarps) of every CTA as one group on named barrier bar_id (a fused
+  // kernel's role); any_pc as the field says.
+  static __device__ __forceinline__ Workers warps(int first_warp, int nwarps, int bar_id, bool any_pc) {
     Workers w;
-    w.warp = threadIdx.x / 32;
-    w.nwarps = blockDim.x / 32;
+    w.warp = int(threadIdx.x / 32) - first_warp;
+    w.nwarps = nwarps;
     w.lane = threadIdx.x % 32;
     w.group = blockIdx.x;
     w.ngroups = gridDim.x;
-    w.bar_id = 0;
-    w.any_pc = false;
+    w.bar_id = bar_id;
+    w.any_pc = any_pc;
     return w;
   }
+  // The whole CTA as one group (standalone kernels).
+  static __device__ __forceinline__ Workers cta() { return warps(0, int(blockDim.x / 32), 0, false); }
 };
 
 // Inclusive prefix sum of v over the lanes of a warp (all 32 lanes call it).
