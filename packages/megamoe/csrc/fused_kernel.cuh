@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   if (tid < 128) {
     ptx::setmaxnreg_dec<Regs::kProducer>();
     if (tid == 0) ptx::fence_proxy_async_global();  // TMA reads pool rows other CTAs' generic stores wrote
-    if (ok)
+    if (__all_sync(0xffffffffu, ok))  // (as for the math warpgroups' L1 below)
       produce_phase<R1>(sm1, &tmap_pool, p.pb1, p.w1, p.x1, sm1.unit_table(), err, p.timeout_ns, &st->q1,
                          p.grid_words + kCountL1);
     stamp(3);
@@ -401,7 +401,11 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   } else {
     ptx::setmaxnreg_inc<Regs::kMath>();
     const int wg = (tid - 128) / 128, tid_in_wg = tid % 128;
-    if (ok)
+    // `ok` through a warp vote: ptxas cannot tell that grid barrier 0's __syncthreads_and result is uniform,
+    // and a branch on it around the mainloop made the whole L1 loop divergent for it (stage index,
+    // descriptors and barrier addresses in vector registers, R2UR before every wgmma: 334 instead of 313
+    // instructions per pair of K blocks at the 8-token tile, SASS 2026-12-04). The vote's result is uniform.
+    if (__all_sync(0xffffffffu, ok))
       math_phase<R1, fg::EpilogueKind::kL1>(sm1, p.pb1, p.w1, p.e1, sm1.unit_table(), wg, tid_in_wg, err,
                                             math_timeout_ns, &st->q1, p.grid_words + kCountL1);
     ptx::fence_proxy_async_smem();  // L1's epilogue smem writes before L2's TMA writes into the same bytes
