@@ -60,7 +60,7 @@ for s in "$@"; do
     splitk) stamp "$s"
       (cd bench && timeout 200 python3 splitk.py 2>&1 | grep -E "^\||^\[splitk" | tail -24); cp bench/results/splitk-* "$OUT/" ;;
     moe-bench) stamp "$s"
-      BACKENDS=staged,fused BENCH_TIMEOUT=170 bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
+      BACKENDS=${MB_BACKENDS:-staged,fused} BENCH_TIMEOUT=${MB_TIMEOUT:-170} bash scripts/bench_moe.sh 2>&1 | grep -E "^\| (flash|pro)|rc=|peaks" | head -40 ;;
     stamps) stamp "$s"  # where one dispatch / combine's time goes (1 rank; STAMP_T tokens, default 1 128)
       timeout 120 python3 experiments/comm_stamps.py ${STAMP_T:-1 128} 2>&1 | tail -40 | tee "$OUT/stamps.log" ;;
     gemm1tok) stamp "$s"  # issue 22: a 1-token expert GEMM warm / cold / empty / one K block / one expert
