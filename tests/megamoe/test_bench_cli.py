@@ -353,3 +353,14 @@ def test_staged_without_kernels_is_left_out_beside_baselines(monkeypatch):
     monkeypatch.setattr(bench, "layer_available", lambda: False)
     assert bench.check_backends(["staged", "torch-bf16"], True) == {"staged": "megamoe.MegaMoE is not in this checkout"}
     assert bench.check_backends(["torch-bf16"], True) == {}
+
+
+def test_time_sliced_ranks():
+    """Fewer GPUs than ranks: only the symm_comm layers run (time-sliced), named in the results file."""
+    from megamoe.bench import results_name, time_sliced_error
+    assert time_sliced_error(["staged", "fused"], 2, 1) is None
+    assert time_sliced_error(["torch-fp8", "staged"], 4, 8) is None  # a GPU per rank: anything runs
+    msg = time_sliced_error(["staged", "torch-fp8", "torch-bf16"], 2, 1)
+    assert msg and "--ranks 2" in msg and "torch-fp8, torch-bf16 need one GPU per rank" in msg and "staged" in msg
+    head = {"commit": "abc1234", "date": "2026-12-01T21:00:00+00:00", "time_sliced": "2 ranks on 1 GPU"}
+    assert results_name(["flash"], 2, head) == "moe-flash-2r-timesliced-2026-12-01-abc1234"

@@ -32,6 +32,8 @@ WEIGHT_BITS = 4 + 8 / MX_GROUP       # E2M1 code + its share of the shift byte (
 BF16_BYTES, FP32_BYTES = 2, 4
 MATMULS = 3                          # gate, up (2I rows of W1 = two H x I matmuls) and down
 BACKENDS = ("reference", "staged", "fused", "auto", "torch-fp8", "torch-bf16")
+# The backends that run with fewer GPUs than ranks (symm_comm's time-sliced CUDA IPC placement).
+SLICED_BACKENDS = ("staged", "fused", "auto")
 
 
 # --- metrics --------------------------------------------------------------------------------------

@@ -86,7 +86,8 @@ def run_header(cuda: bool, commit: str | None = None) -> dict:
 
 
 def results_name(presets: list[str], ranks: int, head: dict) -> str:
-    return f"moe-{'-'.join(presets)}-{ranks}r-{head['date'][:10]}-{head['commit']}"
+    sliced = "-timesliced" if head.get("time_sliced") else ""  # never mistaken for a speed run
+    return f"moe-{'-'.join(presets)}-{ranks}r{sliced}-{head['date'][:10]}-{head['commit']}"
 
 
 def write_markdown(path, head: dict, rows: list[dict], notes: list[str], columns=GPU_COLUMNS) -> None:

@@ -64,8 +64,10 @@ def _inputs(T: int, world: int, rank: int, shape: Shape, seed: int, device, cach
     return [tuple(t.to(device) for t in st) for st in cache[key]]
 
 
-def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device):
-    """(call, capturable, check_errors, close) for one backend, its weights on `device`: call(x, topk_idx,
+def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens: int, seed: int, device,
+           comm_backend: str = "torch"):
+    """(call, capturable, check_errors, close) for one backend, its weights on `device` (comm_backend: the layer's
+    symm_comm backend, "ipc" for time-sliced ranks sharing a GPU): call(x, topk_idx,
     topk_w) -> y; check_errors() raises a device-side error the layer recorded; close() frees it
     (the layer stays registered for its custom op until destroyed). The last two may be None."""
     per_rank = shape.E // world
@@ -75,6 +77,8 @@ def _build(backend: str, shape: Shape, world: int, rank: int, group, max_tokens:
         from .baselines import make_fp4_experts
         tw1, tw2 = make_fp4_experts(per_rank, shape.H, shape.I, device=device, seed=seed)
         kwargs = dict(group=group, max_tokens_per_rank=max_tokens, topk=shape.K, backend=backend)
+        if comm_backend != "torch":
+            kwargs["comm_backend"] = comm_backend
         layer = MegaMoE(ExpertWeights(num_experts=shape.E, experts=experts, w1=tw1, w2=tw2), **kwargs)
         del tw1, tw2
         layer.check_ids = False  # the host-side id check syncs; a serving loop validates upstream
@@ -91,10 +95,14 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
     Backends run in the order given, each over all presets (so a backend listed last cannot spoil the
     ones before it, e.g. by a sticky CUDA error); progress(cases so far) after each (backend, preset)."""
     from . import _timing
-    device = torch.device("cuda", rank) if cfg.get("device_type", "cuda") == "cuda" else torch.device("cpu")
+    on_gpu = cfg.get("device_type", "cuda") == "cuda"
+    gpus = torch.cuda.device_count() if on_gpu else 1
+    shared = on_gpu and world > gpus  # time-sliced ranks (bench.py checks the backends allow it)
+    device = torch.device("cuda", rank % gpus) if on_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        total = torch.cuda.get_device_properties(device).total_memory
+        # the memory check's share: the ranks placed on this GPU split it
+        total = torch.cuda.get_device_properties(device).total_memory // -(-world // gpus)
     else:  # CPU: only the tests run this path (torch-bf16 and a stand-in layer, fake timers)
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     group = dist.group.WORLD if world > 1 else None
@@ -116,7 +124,7 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
             try:
                 if tokens:
                     call, capturable, check, close = _build(backend, shape, world, rank, group, max(tokens),
-                                                            cfg["seed"], device)
+                                                            cfg["seed"], device, comm_backend="ipc" if shared else "torch")
                     _sync(device)
                     _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
             except Exception as e:  # report, don't hide: every row of this backend says what failed

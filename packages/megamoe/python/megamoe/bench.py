@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from ._report import (CPU_COLUMNS, GPU_COLUMNS, format_table, plot_results, results_name,  # noqa: F401
                       run_header, write_markdown, write_results)
-from ._costs import (BACKENDS, BF16_BYTES, DEFAULT_PEAKS, FP32_BYTES, MATMULS, MX_GROUP, PRESETS,  # noqa: F401
+from ._costs import (BACKENDS, BF16_BYTES, DEFAULT_PEAKS, FP32_BYTES, MATMULS, MX_GROUP, PRESETS, SLICED_BACKENDS,  # noqa: F401
                      TARGET_FACTOR, TARGET_SLACK_US, TARGET_TOKENS, TORCH_BASELINES, WEIGHT_BITS, RankCost, Shape,
                      _rank_tokens, count_flops, floor_time, hbm_bytes, make_routing, nvlink_bytes, rank_costs)
 from ._runs import (GPU_DEVICE_TYPE, GRAPH_BATCH, INPUT_SETS, _build, _gpu_rank, _inputs, _sync,  # noqa: F401
@@ -181,6 +181,16 @@ def _list(text: str, what: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def time_sliced_error(backends: list[str], ranks: int, gpus: int) -> str | None:
+    """With fewer GPUs than ranks only the symm_comm layers run (time-sliced, CUDA IPC): why not, or None."""
+    other = [b for b in backends if b not in SLICED_BACKENDS]
+    if ranks <= gpus or not other:
+        return None
+    return (f"--ranks {ranks}: only {gpus} GPU{'s' if gpus != 1 else ''}; with fewer GPUs than ranks only "
+            f"{', '.join(SLICED_BACKENDS)} run (ranks time-sliced on the GPUs through CUDA IPC, as the tests do); "
+            f"{', '.join(other)} need one GPU per rank")
+
+
 def build_parser(cuda: bool, gpus: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megamoe-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default=None,
@@ -235,13 +245,17 @@ def main(argv=None) -> None:
     for name in presets:
         if PRESETS[name].E % args.ranks:
             p.error(f"--ranks {args.ranks} must divide preset {name}'s {PRESETS[name].E} experts")
-    if cuda and args.ranks > gpus:
-        p.error(f"--ranks {args.ranks}: only {gpus} GPU{'s' if gpus != 1 else ''} (one rank per GPU)")
+    time_sliced = cuda and gpu_mode and args.ranks > gpus
+    if time_sliced and (why_not := time_sliced_error(backends, args.ranks, gpus)):
+        p.error(why_not)
     reps = args.reps or (10 if gpu_mode else 5)
     warmup = args.warmup if args.warmup is not None else (3 if gpu_mode else 1)
     head = run_header(cuda, args.commit)
+    if time_sliced:
+        head["time_sliced"] = (f"{args.ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''} (rank r on GPU r % {gpus}, "
+                               "gloo + CUDA IPC): a correctness-and-overhead run, NOT a speed measurement")
     print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
-          f"({'nccl, cuda' if cuda else 'gloo, cpu'})")
+          f"({('gloo + CUDA IPC, time-sliced on ' + str(gpus) + ' GPU') if time_sliced else 'nccl, cuda' if cuda else 'gloo, cpu'})")
     for b, reason in left_out.items():
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}")
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}", file=sys.stderr)
@@ -320,6 +334,9 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
                  f"{TARGET_SLACK_US:.0f} us")
     for n in notes:
         print(n)
+    if head.get("time_sliced"):
+        notes.append(f"time-sliced: {head['time_sliced']}; the ranks' kernels wait for each other's time slices, "
+                     "so times measure the protocol's overhead under time-slicing, not NVLink or the layer's speed")
     cfg = dict(presets=presets, shapes={n: asdict(PRESETS[n]) for n in presets}, backends=backends, tokens=tokens,
                seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph, device_type=GPU_DEVICE_TYPE)
     out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")

@@ -277,9 +277,13 @@ def moe_reference_distributed(x, topk_idx, topk_w, weights_local: MoEWeights, gr
 # --- local launcher -------------------------------------------------------------------------------
 
 def _rank_main(rank: int, world_size: int, tmp: str, device_type: str, fn, args) -> None:
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-        backend = "nccl"
+    if device_type == "cuda":  # rank r on GPU r, or time-sliced on GPU r % #GPUs (symm_comm.testing's placement)
+        from symm_comm.testing import placement, stage_collectives_on_host
+        pl = placement(rank, world_size)
+        torch.cuda.set_device(pl.device)
+        backend = "gloo" if pl.shared_gpu else "nccl"
+        if pl.shared_gpu:
+            stage_collectives_on_host()
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # no oversubscription
         backend = "gloo"
@@ -294,7 +298,8 @@ def _rank_main(rank: int, world_size: int, tmp: str, device_type: str, fn, args)
 
 def run_local_ranks(fn, world_size: int, *args, device_type: str = "cpu") -> list:
     """Run fn(rank, world_size, *args) in `world_size` spawned processes joined in the default
-    process group (gloo on CPU; NCCL with GPU `rank` on CUDA); return each rank's result.
+    process group (gloo on CPU; NCCL with GPU `rank` on CUDA, or with fewer GPUs than ranks gloo with rank r on GPU
+    r % #GPUs, time-sliced: symm_comm.testing.placement); return each rank's result.
     fn must be importable (module level); a rank's exception is re-raised here."""
     with tempfile.TemporaryDirectory() as tmp:
         torch.multiprocessing.spawn(_rank_main, args=(world_size, tmp, device_type, fn, args),
