@@ -157,13 +157,13 @@ def run_all(rank, world, comm, seed, scenarios, res):
             staged.destroy()
 
 
-def _worker(rank, world, port, seed, scenarios, outdir):
-    layer_worker.run_worker(run_all, rank, world, port, seed, scenarios, outdir)
+def _worker(rank, world, port, seed, scenarios, backend, outdir):
+    layer_worker.run_worker(run_all, rank, world, port, seed, scenarios, outdir, backend)
 
 
-def launch(world: int, seed: int, scenarios=SCENARIOS, timeout_s: float = 900) -> list[dict]:
+def launch(world: int, seed: int, scenarios=SCENARIOS, timeout_s: float = 900, backend: str = "torch") -> list[dict]:
     from symm_comm.testing import spawn_ranks
-    return spawn_ranks(_worker, world, (seed, list(scenarios),), timeout_s, "megamoe fused test")
+    return spawn_ranks(_worker, world, (seed, list(scenarios), backend), timeout_s, "megamoe fused test")
 
 
 def main():

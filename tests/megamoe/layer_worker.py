@@ -42,23 +42,49 @@ def can_oversubscribe() -> bool:
     return True  # symm_comm's "ipc" backend maps the buffers of ranks sharing a GPU
 
 
-def _setup(rank: int, world: int, port: int) -> str:
-    """Process group for `world` ranks (none for one); returns the comm_backend to pass to MegaMoE."""
+def _setup(rank: int, world: int, port: int, backend: str = "torch") -> str:
+    """Process group for `world` ranks (none for one); returns the comm_backend to pass to MegaMoE
+    (`backend` with a GPU per rank, "ipc" for ranks sharing a GPU: symm_comm.testing.placement)."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1) // 2))
     if world == 1:
         torch.cuda.set_device(0)
         return "torch"  # single-process mode: no process group at all
-    return init_rank(rank, world, f"tcp://127.0.0.1:{port}").backend
+    return init_rank(rank, world, f"tcp://127.0.0.1:{port}", backend).backend
 
 
-def run_worker(run, rank, world, port, seed, scenarios, outdir):
+def nvshmem_ok() -> bool:
+    try:
+        import nvshmem.core  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def backend_skip(world: int, backend: str) -> str | None:
+    """Why a (world, comm backend) case cannot run here, or None. NVSHMEM: one PE per GPU, nvshmem4py; 8 ranks:
+    8 GPUs (time-sliced on fewer, 8 ranks check nothing 4 do not, and take minutes)."""
+    if world >= 8 and world > torch.cuda.device_count():
+        return f"{world} ranks need {world} GPUs ({torch.cuda.device_count()} here; fewer ranks cover the time-sliced case)"
+    if backend != "nvshmem":
+        return None
+    if world < 2 or world > torch.cuda.device_count():
+        return f"NVSHMEM needs one GPU per rank ({world} ranks, {torch.cuda.device_count()} GPUs)"
+    return None if nvshmem_ok() else "no nvshmem4py"
+
+
+def run_worker(run, rank, world, port, seed, scenarios, outdir, backend: str = "torch"):
     """One rank's process: placement / process group, run(rank, world, comm, seed, scenarios, res), the
     result file. Shared with fused_worker.py."""
     res = {"rank": rank, "ok": False, "done": [], "cases": {}, "seed": seed}
+    comm = None
     try:
-        comm = _setup(rank, world, port)
+        comm = _setup(rank, world, port, backend)
         res["comm_backend"] = comm
         run(rank, world, comm, seed, scenarios, res)
+        if comm == "nvshmem":  # after every layer's (collective) destroy in run
+            import symm_comm
+            dist.barrier()
+            symm_comm.nvshmem_finalize()
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"
@@ -74,14 +100,16 @@ def run_worker(run, rank, world, port, seed, scenarios, outdir):
     os._exit(0 if res["ok"] else 1)
 
 
-def _worker(rank, world, port, seed, scenarios, outdir):
-    run_worker(run_all, rank, world, port, seed, scenarios, outdir)
+def _worker(rank, world, port, seed, scenarios, backend, outdir):
+    run_worker(run_all, rank, world, port, seed, scenarios, outdir, backend)
 
 
-def launch(world: int, seed: int, scenarios=("cases", "back_to_back", "graph"), timeout_s: float = 600) -> list[dict]:
-    """Spawn `world` processes; returns their result dicts (raises on a hang)."""
+def launch(world: int, seed: int, scenarios=("cases", "back_to_back", "graph"), timeout_s: float = 600,
+           backend: str = "torch") -> list[dict]:
+    """Spawn `world` processes (comm backend `backend` where each rank has its GPU); returns their result
+    dicts (raises on a hang)."""
     from symm_comm.testing import spawn_ranks
-    return spawn_ranks(_worker, world, (seed, list(scenarios),), timeout_s, "megamoe layer test")
+    return spawn_ranks(_worker, world, (seed, list(scenarios), backend), timeout_s, "megamoe layer test")
 
 
 # ---- the checks ----------------------------------------------------------------------------------

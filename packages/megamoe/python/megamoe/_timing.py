@@ -120,6 +120,25 @@ def measure_hbm_copy(nbytes=4 << 30) -> float:
     return 2 * src.numel() / t
 
 
+def measure_peer_copy(nbytes=1 << 28, reps=10) -> float:
+    """Peer copy bandwidth between GPUs 0 and 1 in bytes/s, one direction (the slower of 0 -> 1 and 1 -> 0;
+    device-to-device copies over NVLink, wall clock around `reps` copies with both devices synchronised)."""
+    import time
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0").random_()
+    b = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1").random_()
+    rates = []
+    for src, dst in ((a, b), (b, a)):
+        for _ in range(2):
+            dst.copy_(src)
+        torch.cuda.synchronize(0), torch.cuda.synchronize(1)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(0), torch.cuda.synchronize(1)
+        rates.append(reps * nbytes / (time.perf_counter() - t0))
+    return min(rates)
+
+
 def measure_fp8_peak(n=8192) -> float:
     """torch._scaled_mm FP8 dense GEMM n^3 FLOP/s on random data."""
     a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)

@@ -308,10 +308,13 @@ def _main_reference(args, presets, tokens, reps, warmup, peaks, given, cuda, hea
 
 
 def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head):
-    from ._timing import measure_fp8_peak, measure_hbm_copy
+    from ._timing import measure_fp8_peak, measure_hbm_copy, measure_peer_copy
     notes = []
     measured = {}
-    for key, measure, scale in (("fp8_tflops", measure_fp8_peak, 1e12), ("hbm_tbs", measure_hbm_copy, 1e12)):
+    ceilings = [("fp8_tflops", measure_fp8_peak, 1e12), ("hbm_tbs", measure_hbm_copy, 1e12)]
+    if args.ranks > 1 and torch.cuda.device_count() >= 2:  # ranks on their own GPUs: the NVLink floor's ceiling
+        ceilings.append(("nvlink_gbs", measure_peer_copy, 1e9))
+    for key, measure, scale in ceilings:
         if key not in given:
             try:
                 measured[key] = measure() / scale
@@ -322,7 +325,7 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     head.update(peaks=peaks, peaks_measured=sorted(measured), peaks_given=sorted(given),
                 peaks_defaulted=sorted(k for k in DEFAULT_PEAKS if k not in measured and k not in given))
     notes.append(f"peaks: FP8 {peaks['fp8_tflops']:.0f} TFLOPS (torch._scaled_mm 8192^3), HBM {peaks['hbm_tbs']:.2f} "
-                 f"TB/s (device copy), NVLink {peaks['nvlink_gbs']:.0f} GB/s; measured in this run: "
+                 f"TB/s (device copy), NVLink {peaks['nvlink_gbs']:.0f} GB/s (peer copy GPU 0 <-> 1 where measured); measured in this run: "
                  f"{', '.join(sorted(measured)) or 'none'}; given: {', '.join(sorted(given)) or 'none'}; "
                  f"defaults (DESIGN.md section 6): {', '.join(head['peaks_defaulted']) or 'none'}")
     notes.append(f"time: CUDA-graph replay of {GRAPH_BATCH} layer calls rotating {INPUT_SETS} input sets, between "
