@@ -142,14 +142,21 @@ __device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLay
   const int ncol = (L.hidden * 2 / 16 + 31) / 32;
   const int64_t total = (int64_t)num_tokens * ncol, step = W.total_warps();
   if (L.topk <= KB) {
-    for (int64_t q = W.gwarp(); q < total; q += 2 * step) {
-      PullItem<kOrder> a, b;
-      a.load(L, local, q, total, ncol, topk_w, W.lane);
-      b.load(L, local, q + step, total, ncol, topk_w, W.lane);
+    // The next pair's words (kmask, cmb_map) are loaded while this pair's rows are in flight: one dependent
+    // round trip per pair instead of two (the words, then the rows they name).
+    int64_t q = W.gwarp();
+    PullItem<kOrder> a, b;
+    a.load(L, local, q, total, ncol, topk_w, W.lane);
+    b.load(L, local, q + step, total, ncol, topk_w, W.lane);
+    while (a.live) {  // warp-uniform (q < total)
       if (!a.check(L, W.lane, err) || !b.check(L, W.lane, err)) return;
       int4 va[KB], vb[KB];
       a.template issue<KB>(L, peers, 0, va);
       b.template issue<KB>(L, peers, 0, vb);
+      q += 2 * step;
+      PullItem<kOrder> na, nb;
+      na.load(L, local, q, total, ncol, topk_w, W.lane);
+      nb.load(L, local, q + step, total, ncol, topk_w, W.lane);
       float acc[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.f;
@@ -159,13 +166,19 @@ __device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLay
       for (int i = 0; i < 8; ++i) acc[i] = 0.f;
       b.template accumulate<KB>(L, 0, vb, acc);
       b.store(L, y, acc);
+      a = na;
+      b = nb;
     }
     return;
   }
-  for (int64_t q = W.gwarp(); q < total; q += step) {
-    PullItem<kOrder> a;
-    a.load(L, local, q, total, ncol, topk_w, W.lane);
+  // (the same prefetch of the next item's words, under the first batch's rows)
+  int64_t q = W.gwarp();
+  PullItem<kOrder> a;
+  a.load(L, local, q, total, ncol, topk_w, W.lane);
+  while (a.live) {
     if (!a.check(L, W.lane, err)) return;
+    PullItem<kOrder> na;
+    na.load(L, local, q + step, total, ncol, topk_w, W.lane);
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.f;
@@ -175,6 +188,8 @@ __device__ __forceinline__ void combine_pull_run(const Workers& W, const SymmLay
       a.template accumulate<KB>(L, k0, v, acc);
     }
     a.store(L, y, acc);
+    a = na;
+    q += step;
   }
 }
 
