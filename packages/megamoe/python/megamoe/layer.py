@@ -34,8 +34,8 @@ log = logging.getLogger("megamoe")
 __all__ = ["MegaMoE", "AUTO_FUSED_MAX_TOKENS"]
 
 # backend="auto": the fused kernel up to this many tokens per rank, the staged pipeline above. -1: staged at
-# every size, as measured (bench/results/moe-flash-pro-1r-2026-12-01-667dc20.md: the fused kernel v0 is
-# 1.1-2.0x slower than staged at 1..8192 tokens on one H200; docs/perf-notes.md says why).
+# every size, as measured (bench/results/moe-flash-pro-1r-2026-12-04-59ae151.md: the fused kernel takes
+# 1.01-1.17x the staged call's time at 1..8192 tokens on one H200; docs/perf-notes.md says why).
 AUTO_FUSED_MAX_TOKENS = -1
 
 
