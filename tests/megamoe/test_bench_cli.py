@@ -364,3 +364,38 @@ def test_time_sliced_ranks():
     assert msg and "--ranks 2" in msg and "torch-fp8, torch-bf16 need one GPU per rank" in msg and "staged" in msg
     head = {"commit": "abc1234", "date": "2026-12-01T21:00:00+00:00", "time_sliced": "2 ranks on 1 GPU"}
     assert results_name(["flash"], 2, head) == "moe-flash-2r-timesliced-2026-12-01-abc1234"
+
+
+@pytest.mark.gpu
+def test_gpu_ranks_time_sliced(tmp_path):
+    """megamoe-bench with more ranks than GPUs (one GPU is enough): the staged and fused layers run time-sliced
+    (gloo + CUDA IPC), every row timed and finite, the results named and noted as time-sliced; a torch
+    baseline is refused with the reason."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fp4_gemm._lib import LIB as F
+    from megamoe._lib import LIB as M
+    from symm_comm._lib import LIB as S
+    if not (F.available() and S.available() and M.available()):
+        pytest.skip("libraries not built")
+    ranks = torch.cuda.device_count() + 1
+    if 16 % ranks:
+        pytest.skip(f"{ranks} ranks do not divide the tiny preset's 16 experts")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PYTHONPATH, os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "megamoe.bench", "--preset", "tiny", "--tokens", "1,33", "--ranks", str(ranks),
+           "--reps", "2", "--warmup", "1", "--commit", "test", "--results", str(tmp_path)]
+    r = subprocess.run(cmd + ["--backend", "staged,fused"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "time-sliced" in r.stdout
+    (js,) = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    assert js.name.startswith(f"moe-tiny-{ranks}r-timesliced-")
+    data = json.loads(js.read_text())
+    assert "time_sliced" in data["header"]
+    rows = data["rows"]
+    assert {(row["backend"], row["tokens_per_rank"]) for row in rows} == {(b, t) for b in ("staged", "fused")
+                                                                          for t in (1, 33)}
+    for row in rows:
+        assert row["time_us"] and row["time_us"] > 0 and "failed" not in row["note"], row
+    r = subprocess.run(cmd + ["--backend", "staged,torch-fp8"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "torch-fp8 need one GPU per rank" in r.stderr
