@@ -72,6 +72,23 @@ def backend_skip(world: int, backend: str) -> str | None:
     return None if nvshmem_ok() else "no nvshmem4py"
 
 
+def _nvshmem_finalize_all(ran: bool, res: dict) -> None:
+    """After run and the result file (every layer's collective destroy done, or an exception caught on its
+    way out): NVSHMEM's finalize is collective, so the ranks first agree (a gloo all_reduce every rank that
+    got out of run reaches, failed ones too) and finalize only if every rank got through; otherwise none
+    does (the processes exit anyway). A rank stuck inside run leaves the others here until spawn_ranks'
+    limit kills them, their result files already written."""
+    import symm_comm
+    every = torch.tensor([1 if ran else 0], dtype=torch.int32)
+    try:
+        dist.all_reduce(every, op=dist.ReduceOp.MIN)  # a CPU tensor: the group's gloo part
+        if int(every.item()) == 1:
+            dist.barrier()
+            symm_comm.nvshmem_finalize()
+    except Exception as e:  # noqa: BLE001  (the run's own result stands)
+        print(f"rank {res['rank']}: nvshmem finalize: {type(e).__name__}: {e}", flush=True)
+
+
 def run_worker(run, rank, world, port, seed, scenarios, outdir, backend: str = "torch"):
     """One rank's process: placement / process group, run(rank, world, comm, seed, scenarios, res), the
     result file. Shared with fused_worker.py."""
@@ -81,17 +98,15 @@ def run_worker(run, rank, world, port, seed, scenarios, outdir, backend: str = "
         comm = _setup(rank, world, port, backend)
         res["comm_backend"] = comm
         run(rank, world, comm, seed, scenarios, res)
-        if comm == "nvshmem":  # after every layer's (collective) destroy in run
-            import symm_comm
-            dist.barrier()
-            symm_comm.nvshmem_finalize()
         res["ok"] = True
     except BaseException as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}"
         res["traceback"] = traceback.format_exc()
     finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:  # first: a hang below loses nothing
             json.dump(res, f)
+        if comm == "nvshmem":
+            _nvshmem_finalize_all(res["ok"], res)
         try:
             if res["ok"] and dist.is_initialized():
                 dist.destroy_process_group()

@@ -245,7 +245,7 @@ def main(argv=None) -> None:
     for name in presets:
         if PRESETS[name].E % args.ranks:
             p.error(f"--ranks {args.ranks} must divide preset {name}'s {PRESETS[name].E} experts")
-    time_sliced = cuda and gpu_mode and args.ranks > gpus
+    time_sliced = cuda and args.ranks > gpus  # the reference too: refused (time_sliced_error), as before
     if time_sliced and (why_not := time_sliced_error(backends, args.ranks, gpus)):
         p.error(why_not)
     reps = args.reps or (10 if gpu_mode else 5)
@@ -255,7 +255,7 @@ def main(argv=None) -> None:
         head["time_sliced"] = (f"{args.ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''} (rank r on GPU r % {gpus}, "
                                "gloo + CUDA IPC): a correctness-and-overhead run, NOT a speed measurement")
     print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
-          f"({('gloo + CUDA IPC, time-sliced on ' + str(gpus) + ' GPU') if time_sliced else 'nccl, cuda' if cuda else 'gloo, cpu'})")
+          f"({f'gloo + CUDA IPC, time-sliced on {gpus} GPU' + ('s' if gpus != 1 else '') if time_sliced else 'nccl, cuda' if cuda else 'gloo, cpu'})")
     for b, reason in left_out.items():
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}")
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}", file=sys.stderr)
@@ -312,7 +312,7 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
     notes = []
     measured = {}
     ceilings = [("fp8_tflops", measure_fp8_peak, 1e12), ("hbm_tbs", measure_hbm_copy, 1e12)]
-    if args.ranks > 1 and torch.cuda.device_count() >= 2:  # ranks on their own GPUs: the NVLink floor's ceiling
+    if args.ranks > 1 and torch.cuda.device_count() >= 2:  # ranks on 2+ GPUs: the NVLink floor's ceiling (one pair)
         ceilings.append(("nvlink_gbs", measure_peer_copy, 1e9))
     for key, measure, scale in ceilings:
         if key not in given:
