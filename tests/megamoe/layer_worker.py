@@ -52,14 +52,6 @@ def _setup(rank: int, world: int, port: int, backend: str = "torch") -> str:
     return init_rank(rank, world, f"tcp://127.0.0.1:{port}", backend).backend
 
 
-def nvshmem_ok() -> bool:
-    try:
-        import nvshmem.core  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
 def backend_skip(world: int, backend: str) -> str | None:
     """Why a (world, comm backend) case cannot run here, or None. NVSHMEM: one PE per GPU, nvshmem4py; 8 ranks:
     8 GPUs (time-sliced on fewer, 8 ranks check nothing 4 do not, and take minutes)."""
@@ -69,7 +61,8 @@ def backend_skip(world: int, backend: str) -> str | None:
         return None
     if world < 2 or world > torch.cuda.device_count():
         return f"NVSHMEM needs one GPU per rank ({world} ranks, {torch.cuda.device_count()} GPUs)"
-    return None if nvshmem_ok() else "no nvshmem4py"
+    import symm_comm
+    return None if symm_comm.nvshmem_available() else "no nvshmem4py"
 
 
 def _nvshmem_finalize_all(ran: bool, res: dict) -> None:

@@ -181,12 +181,16 @@ def _list(text: str, what: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
 def time_sliced_error(backends: list[str], ranks: int, gpus: int) -> str | None:
     """With fewer GPUs than ranks only the symm_comm layers run (time-sliced, CUDA IPC): why not, or None."""
     other = [b for b in backends if b not in SLICED_BACKENDS]
     if ranks <= gpus or not other:
         return None
-    return (f"--ranks {ranks}: only {gpus} GPU{'s' if gpus != 1 else ''}; with fewer GPUs than ranks only "
+    return (f"--ranks {ranks}: only {_gpus(gpus)}; with fewer GPUs than ranks only "
             f"{', '.join(SLICED_BACKENDS)} run (ranks time-sliced on the GPUs through CUDA IPC, as the tests do); "
             f"{', '.join(other)} need one GPU per rank")
 
@@ -252,10 +256,10 @@ def main(argv=None) -> None:
     warmup = args.warmup if args.warmup is not None else (3 if gpu_mode else 1)
     head = run_header(cuda, args.commit)
     if time_sliced:
-        head["time_sliced"] = (f"{args.ranks} ranks on {gpus} GPU{'s' if gpus != 1 else ''} (rank r on GPU r % {gpus}, "
+        head["time_sliced"] = (f"{args.ranks} ranks on {_gpus(gpus)} (rank r on GPU r % {gpus}, "
                                "gloo + CUDA IPC): a correctness-and-overhead run, NOT a speed measurement")
     print(f"megamoe-bench: backend {','.join(backends)} ({why}); presets {','.join(presets)}; {args.ranks} ranks "
-          f"({f'gloo + CUDA IPC, time-sliced on {gpus} GPU' + ('s' if gpus != 1 else '') if time_sliced else 'nccl, cuda' if cuda else 'gloo, cpu'})")
+          f"({'gloo + CUDA IPC, time-sliced on ' + _gpus(gpus) if time_sliced else 'nccl, cuda' if cuda else 'gloo, cpu'})")
     for b, reason in left_out.items():
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}")
         print(f"megamoe-bench: WARNING: backend {b} left out: {reason}", file=sys.stderr)
