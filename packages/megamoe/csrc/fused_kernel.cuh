@@ -253,8 +253,7 @@ __global__ void __launch_bounds__(kThreads, CL1::kCtasPerSm)
   if (p.stamps != nullptr && tid == 0) p.stamps[int64_t(blockIdx.x) * kStamps + 8] = ptx::smid();
   // Both ops' starts first (each op runs once per launch: both epochs come from earlier launches).
   const symm::CallStart dc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_DISPATCH, p.host_err, p.timeout_ns);
-  W.sync();  // every read of s_peers by the first begin_call before the second one's load_peers rewrites it
-  const symm::CallStart cc = symm::begin_call(W, L, p.peers, s_peers, SYMM_OP_COMBINE, p.host_err, p.timeout_ns);
+  const symm::CallStart cc = symm::begin_next_call(dc, L, SYMM_OP_COMBINE, p.host_err);
   if (ptx::smem_addr(smem) % 1024 != 0) {  // the GEMMs' 128-byte swizzle; the same in every CTA
     if (blockIdx.x == 0 && tid == 0)
       moe::report_error(dc.err, fg::Err::kSmemAlign, fg::Phase::kSetup, int(ptx::smem_addr(smem) % 1024), 0);

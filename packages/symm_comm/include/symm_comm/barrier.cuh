@@ -163,7 +163,7 @@ struct CallStart {
 // was published by the previous call's last group out (end_call), in an EARLIER launch on this stream,
 // and the kernel boundary orders it. A fused kernel may run dispatch and combine in one launch (their
 // epochs and end words are separate) but each op at most once per launch, so both epochs it reads come
-// from earlier launches; it may call begin_call for both ops at its start.
+// from earlier launches; it may call begin_call for both ops at its start (begin_next_call: the second).
 __device__ __forceinline__ CallStart begin_call(const Workers& W, const SymmLayout& L, const uint64_t* peers_g,
                                                 uint64_t* s_peers, int op, int32_t* host_err, uint64_t timeout_ns) {
   const uint64_t deadline = ptx::globaltimer_ns() + timeout_ns;
@@ -172,6 +172,18 @@ __device__ __forceinline__ CallStart begin_call(const Workers& W, const SymmLayo
   const uint64_t local = s_peers[L.rank];
   const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + op) + 1;
   return CallStart{local, epoch, deadline, ErrSink{state_err(local, L), host_err, L.rank, (uint32_t)epoch}};
+}
+
+// A second op's start in the same launch (a fused kernel running dispatch and combine, each once), after
+// begin_call of the first: the same CallStart as a second begin_call (same peer table, same deadline) without
+// its reload of the table and its group barrier, so both epochs' loads are in flight together (the fused
+// kernel's start to its dispatch's first stamp, 1 rank, 1 / 16 tokens: 2.5-2.7 -> 1.9-2.3 us,
+// experiments/fused_d_stamps.py, 2026-12-04).
+__device__ __forceinline__ CallStart begin_next_call(const CallStart& first, const SymmLayout& L, int op,
+                                                     int32_t* host_err) {
+  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(first.local, L) + op) + 1;
+  return CallStart{first.local, epoch, first.deadline,
+                   ErrSink{state_err(first.local, L), host_err, L.rank, (uint32_t)epoch}};
 }
 
 // ---- end of a call: the last group out publishes the op's completed epoch ---------------------------
