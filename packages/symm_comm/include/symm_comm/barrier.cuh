@@ -158,6 +158,13 @@ struct CallStart {
   uint64_t deadline;  // %globaltimer limit of every wait of the call
   ErrSink err;
 };
+// The CallStart of op on the buffer at `local` with the given deadline: its last completed epoch + 1 (a relaxed
+// load: why below) and the error sink of that call.
+__device__ __forceinline__ CallStart call_start_at(uint64_t local, const SymmLayout& L, int op, uint64_t deadline,
+                                                   int32_t* host_err) {
+  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + op) + 1;
+  return CallStart{local, epoch, deadline, ErrSink{state_err(local, L), host_err, L.rank, (uint32_t)epoch}};
+}
 // All threads of the group: copies the peer table to s_peers (the group's shared memory, >= num_ranks
 // entries) and reads the op's last completed epoch with a relaxed load. Why relaxed suffices: the epoch
 // was published by the previous call's last group out (end_call), in an EARLIER launch on this stream,
@@ -169,9 +176,7 @@ __device__ __forceinline__ CallStart begin_call(const Workers& W, const SymmLayo
   const uint64_t deadline = ptx::globaltimer_ns() + timeout_ns;
   load_peers(s_peers, peers_g, L.num_ranks, W.tid(), W.nthreads());
   W.sync();
-  const uint64_t local = s_peers[L.rank];
-  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(local, L) + op) + 1;
-  return CallStart{local, epoch, deadline, ErrSink{state_err(local, L), host_err, L.rank, (uint32_t)epoch}};
+  return call_start_at(s_peers[L.rank], L, op, deadline, host_err);
 }
 
 // A second op's start in the same launch (a fused kernel running dispatch and combine, each once), after
@@ -181,9 +186,7 @@ __device__ __forceinline__ CallStart begin_call(const Workers& W, const SymmLayo
 // experiments/fused_d_stamps.py, 2026-12-04).
 __device__ __forceinline__ CallStart begin_next_call(const CallStart& first, const SymmLayout& L, int op,
                                                      int32_t* host_err) {
-  const uint64_t epoch = ptx::ld_relaxed_gpu_u64(state_epoch(first.local, L) + op) + 1;
-  return CallStart{first.local, epoch, first.deadline,
-                   ErrSink{state_err(first.local, L), host_err, L.rank, (uint32_t)epoch}};
+  return call_start_at(first.local, L, op, first.deadline, host_err);
 }
 
 // ---- end of a call: the last group out publishes the op's completed epoch ---------------------------
