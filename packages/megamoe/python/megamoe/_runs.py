@@ -95,15 +95,17 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
     Backends run in the order given, each over all presets (so a backend listed last cannot spoil the
     ones before it, e.g. by a sticky CUDA error); progress(cases so far) after each (backend, preset)."""
     from . import _timing
-    on_gpu = cfg.get("device_type", "cuda") == "cuda"
-    gpus = torch.cuda.device_count() if on_gpu else 1
-    shared = on_gpu and world > gpus  # time-sliced ranks (bench.py checks the backends allow it)
-    device = torch.device("cuda", rank % gpus) if on_gpu else torch.device("cpu")
-    if device.type == "cuda":
+    if cfg.get("device_type", "cuda") == "cuda":
+        # rank r on GPU r, or time-sliced on GPU r % #GPUs with the "ipc" comm backend (bench.py checks the
+        # backends allow it): the placement run_local_ranks' rank process set up
+        from symm_comm.testing import placement
+        pl = placement(rank, world)
+        device, comm_backend = pl.device, pl.backend
         torch.cuda.set_device(device)
         # the memory check's share: the ranks placed on this GPU split it
-        total = torch.cuda.get_device_properties(device).total_memory // -(-world // gpus)
+        total = torch.cuda.get_device_properties(device).total_memory // -(-world // torch.cuda.device_count())
     else:  # CPU: only the tests run this path (torch-bf16 and a stand-in layer, fake timers)
+        device, comm_backend = torch.device("cpu"), "torch"
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     group = dist.group.WORLD if world > 1 else None
     out, cache = [], {}
@@ -124,7 +126,7 @@ def _gpu_rank(rank: int, world: int, cfg: dict, progress=None) -> list[dict]:
             try:
                 if tokens:
                     call, capturable, check, close = _build(backend, shape, world, rank, group, max(tokens),
-                                                            cfg["seed"], device, comm_backend="ipc" if shared else "torch")
+                                                            cfg["seed"], device, comm_backend=comm_backend)
                     _sync(device)
                     _log(rank, f"{preset} {backend}: weights built in {time.perf_counter() - t0:.1f} s")
             except Exception as e:  # report, don't hide: every row of this backend says what failed

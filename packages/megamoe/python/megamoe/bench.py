@@ -339,11 +339,11 @@ def _main_gpu(args, backends, presets, tokens, reps, warmup, peaks, given, head)
                  "the same floor for every backend (the torch baselines move 2x (FP8) or 4x (BF16) the weight bytes)")
     notes.append(f"target (issue, {'-'.join(map(str, TARGET_TOKENS))} tokens): time <= {TARGET_FACTOR} x HBM floor + "
                  f"{TARGET_SLACK_US:.0f} us")
-    for n in notes:
-        print(n)
     if head.get("time_sliced"):
         notes.append(f"time-sliced: {head['time_sliced']}; the ranks' kernels wait for each other's time slices, "
                      "so times measure the protocol's overhead under time-slicing, not NVLink or the layer's speed")
+    for n in notes:
+        print(n)
     cfg = dict(presets=presets, shapes={n: asdict(PRESETS[n]) for n in presets}, backends=backends, tokens=tokens,
                seed=args.seed, reps=reps, warmup=warmup, no_graph=args.no_graph, device_type=GPU_DEVICE_TYPE)
     out_dir = args.results or ("bench/results" if os.path.isdir("bench") else "megamoe-results")
