@@ -15,12 +15,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from comm_stamps import NAMES, STAMPS  # noqa: E402  (the state's stamp offset and the stages' names)
 from megamoe._costs import PRESETS  # noqa: E402
 from megamoe._runs import _build, _inputs  # noqa: E402
-
-STAMPS = 160  # SYMM_STATE_STAMPS (symm_comm layout.cuh), bytes into the state
-NAMES = ["d.start", "d.phaseA", "d.barrier", "d.tables+pad", "d.pull(cta0)", "d.last_out",
-         "c.start", "c.handshake+sched", "c.items(cta0)", "c.last_out"]
 
 
 def symm_stamps(layer) -> list[int]:
