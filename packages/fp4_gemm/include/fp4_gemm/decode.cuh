@@ -10,8 +10,6 @@
 
 namespace fp4_gemm {
 
-constexpr int kNumShifts = WL::kMaxShift - WL::kMinShift + 1;
-
 // E4M3 code (RNE, saturating, as the Python reference `fp8_e4m3_lut`) of E2M1 magnitude code c
 // (0..7: exponent c >> 1 with bias 1, one mantissa bit c & 1) times 2^shift.
 __device__ __forceinline__ uint8_t e4m3_of_e2m1(int c, int shift) {
@@ -20,17 +18,10 @@ __device__ __forceinline__ uint8_t e4m3_of_e2m1(int c, int shift) {
   return __nv_cvt_float_to_fp8(ldexpf(mag, shift), __NV_SATFINITE, __NV_E4M3);
 }
 
-// LUT[s - kMinShift] = E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6} * 2^s. 8 bytes per shift: 160 bytes
-// of shared memory, filled once per CTA (the slow path of decode_raw).
-__device__ __forceinline__ void fill_shift_lut(uint2* lut, int tid, int nthreads) {
-  for (int i = tid; i < kNumShifts * 8; i += nthreads)
-    reinterpret_cast<uint8_t*>(lut)[i] = e4m3_of_e2m1(i % 8, i / 8 + WL::kMinShift);
-}
-
-// 32-entry variant of the table (MainloopConfig::kSmemLut32): entry i holds the codes of shift i
-// (i < 16) or i - 32 (i >= 16), i.e. it is indexed by (shift & 31) straight from the packed shift
-// byte (two's complement), clamped to [kMinShift, kMaxShift] for bytes no valid transform writes
-// (any byte indexes inside the table). 256 bytes, filled once per CTA.
+// The decode's shift tables, 32 entries of 8 bytes: entry i holds the E4M3 codes of {0, .5, 1, 1.5, 2, 3, 4, 6}
+// times 2^shift for shift i (i < 16) or i - 32 (i >= 16), i.e. it is indexed by (shift & 31) straight from
+// the packed shift byte (two's complement), clamped to [kMinShift, kMaxShift] for bytes no valid transform
+// writes (any byte indexes inside the table). 256 bytes of shared memory, filled once per CTA.
 constexpr int kLut32Entries = 32;
 static_assert(WL::kMaxShift < kLut32Entries / 2 && WL::kMinShift >= -kLut32Entries / 2,
               "every valid shift has its own entry under (shift & 31)");
@@ -41,17 +32,6 @@ __device__ __forceinline__ void fill_shift_lut32(uint8_t* lut, int tid, int nthr
     const int shift = min(max(entry < kLut32Entries / 2 ? entry : entry - kLut32Entries, WL::kMinShift), WL::kMaxShift);
     lut[i] = e4m3_of_e2m1(i % 8, shift);
   }
-}
-
-// Shifts in [kMinFastShift, kMaxShift] give all-normal E4M3 codes, so their LUT is the shift-0 LUT
-// with 8*shift added to every non-zero byte (no carries between bytes in that range). Smaller
-// shifts need subnormal rounding: they read the shared-memory table (a warp-uniform slow path).
-constexpr int kMinFastShift = -5;
-constexpr uint32_t kLut0Lo = 0x3C383000u;  // E4M3 of 0, .5, 1, 1.5
-constexpr uint32_t kLut0Hi = 0x4C484440u;  // E4M3 of 2, 3, 4, 6
-
-__device__ __forceinline__ uint2 fast_shift_lut(int s) {
-  return make_uint2(kLut0Lo + uint32_t(s) * 0x08080800u, kLut0Hi + uint32_t(s) * 0x08080808u);
 }
 
 // One packed word (8 codes of one row) -> two A registers: `lo` = k c..c+3, `hi` = k c+16..c+19.

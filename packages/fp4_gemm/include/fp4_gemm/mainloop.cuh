@@ -44,37 +44,12 @@ __device__ __forceinline__ void load_raw_global(const uint8_t* chunk, const Deco
   r.shifts = ptx::ldg_stream_v2(chunk + off.shift);
 }
 
-// Decodes one K block's A fragments (4 k32 steps). `lut` is the shared-memory table for shifts
-// below kMinFastShift (a warp-uniform slow path: realistic weights rarely take it).
-__device__ __forceinline__ void decode_raw(const RawFragment& r, const uint2* lut_smem,
-                                           uint32_t (&a)[WL::kStepsPerBlockK][4]) {
-  constexpr int kSteps = WL::kStepsPerBlockK;
-  // sh[2 * step + h]: shift of row r + 8h in k32 step `step`.
-  int sh[2 * kSteps];
-  int smin = WL::kMaxShift;
-#pragma unroll
-  for (int i = 0; i < 2 * kSteps; ++i) {
-    // Byte i % 4, sign-extended, in one PRMT (selector nibbles 8|b replicate byte b's sign bit).
-    sh[i] = int(ptx::prmt(i < 4 ? r.shifts.x : r.shifts.y, 0u, 0x8880u | (0x1111u * uint32_t(i % 4))));
-    smin = min(smin, sh[i]);
-  }
-  uint2 lut[2 * kSteps];
-  if (__any_sync(0xffffffffu, smin < kMinFastShift)) {
-#pragma unroll
-    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = lut_smem[min(max(sh[i], WL::kMinShift), WL::kMaxShift) - WL::kMinShift];
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2 * kSteps; ++i) lut[i] = fast_shift_lut(sh[i]);
-  }
-#pragma unroll
-  for (int st = 0; st < kSteps; ++st) decode_step(r.codes[st], lut[2 * st], lut[2 * st + 1], a[st]);
-}
-
-// The same with the 8 shift tables looked up in the 32-entry shared table (decode.cuh) by
-// (shift & 31): the byte offsets 8 * (shift & 31) of four shifts are formed at once (shift left by 3,
-// keep the top 5 bits of each byte: the bits shifted in from the byte below are masked off), then
-// one PRMT (zero-extended byte) and one LDS.64 per shift: ~20 instructions instead of the vote, the
-// min chain and 16 IMADs (~33), and no warp-uniform branch on the decode's critical path.
+// Decodes one K block's A fragments (4 k32 steps), the 8 shift tables looked up in the 32-entry shared
+// table (decode.cuh) by (shift & 31): the byte offsets 8 * (shift & 31) of four shifts are formed at once
+// (shift left by 3, keep the top 5 bits of each byte: the bits shifted in from the byte below are masked
+// off), then one PRMT (zero-extended byte) and one LDS.64 per shift: ~20 instructions, no branch. (An
+// arithmetic LUT with a warp vote for subnormal shifts took ~33 and a warp-uniform branch on the decode's
+// critical path: 92 more instructions per K-block pair at the 16-token tile; docs/perf-notes.md.)
 __device__ __forceinline__ void decode_raw_lut32(const RawFragment& r, const uint8_t* lut32,
                                                  uint32_t (&a)[WL::kStepsPerBlockK][4]) {
   constexpr int kSteps = WL::kStepsPerBlockK;
@@ -93,10 +68,7 @@ __device__ __forceinline__ void decode_raw_lut32(const RawFragment& r, const uin
 template <class Cfg>
 __device__ __forceinline__ void decode_any(const SmemView<Cfg>& sm, const RawFragment& r,
                                            uint32_t (&a)[WL::kStepsPerBlockK][4]) {
-  if constexpr (Cfg::kSmemLut32)
-    decode_raw_lut32(r, sm.lut32(), a);
-  else
-    decode_raw(r, sm.lut(), a);
+  decode_raw_lut32(r, sm.lut32(), a);
 }
 
 template <class Cfg>

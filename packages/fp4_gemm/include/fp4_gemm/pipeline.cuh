@@ -112,11 +112,6 @@ struct MainloopConfig {
   static constexpr bool kLaneRelease = kPath == WeightPath::kSmem;
   static constexpr int kEmptyArrivals = kLaneRelease ? kMathThreads : kMathThreads / 32 * kClusterN;
   static constexpr int kAccRegs = kBlockN / 2;
-  // Decode shift tables from the 32-entry shared table indexed by (shift & 31) (decode_raw_lut32)
-  // instead of the warp vote + arithmetic LUT: measured on H200 (docs/perf-notes.md) for the 8-token
-  // decode kernel (-7-8 % time) and the register path (+3-4 % prefill); the 16/32-token kernels keep
-  // the arithmetic LUT (not measured with it).
-  static constexpr bool kSmemLut32 = kPath == WeightPath::kRegs || kBlockN == 8;
   // Split-K (scheduler.cuh, roles.cuh) in the decode configurations (few tokens, two CTAs per SM), where a
   // launch's units can be fewer than its CTAs.
   static constexpr bool kSplitK = kPath == WeightPath::kSmem && kCtasPerSm == kSplitKCtasPerSm;
@@ -147,10 +142,8 @@ struct MainloopConfig {
                                                              : kMathThreads / 128 * kBlockN * kStoreRowBytes;
   static constexpr int kTableOff = kStoreOff + kStoreBytes;  // the scheduler's unit table [kMaxTableGroups] i32
   static constexpr int kTableBytes = kUnitTableBytes;
-  static constexpr int kLutOff = kTableOff + kTableBytes;  // decode_raw's slow-path table (!kSmemLut32 only)
-  static constexpr int kLutBytes = kSmemLut32 ? 0 : kNumShifts * 8;
-  static constexpr int kLut32Off = (kLutOff + kLutBytes + 7) / 8 * 8;
-  static constexpr int kLut32Bytes = kSmemLut32 ? kLut32Entries * 8 : 0;
+  static constexpr int kLut32Off = (kTableOff + kTableBytes + 7) / 8 * 8;  // the decode's shift tables (decode.cuh)
+  static constexpr int kLut32Bytes = kLut32Entries * 8;
   static constexpr int kBarOff = (kLut32Off + kLut32Bytes + 7) / 8 * 8;
   // kSplitK: the split-K reduction's last-arriver flag (one word, math thread 0 writes it, roles.cuh).
   static constexpr int kSplitFlagOff = kBarOff + 2 * kNumStages * 8;
@@ -184,7 +177,6 @@ struct SmemView {
   __device__ float* l1_scales() const { return reinterpret_cast<float*>(base + Cfg::kL1ScaleOff); }
   __device__ float* stash() const { return reinterpret_cast<float*>(base + Cfg::kStashOff); }
   __device__ uint8_t* store_tile(int wg) const { return base + Cfg::kStoreOff + wg * Cfg::kBlockN * Cfg::kStoreRowBytes; }
-  __device__ uint2* lut() const { return reinterpret_cast<uint2*>(base + Cfg::kLutOff); }
   __device__ int* unit_table() const { return reinterpret_cast<int*>(base + Cfg::kTableOff); }
   __device__ uint8_t* lut32() const { return base + Cfg::kLut32Off; }
   __device__ uint64_t* full(int s) const { return reinterpret_cast<uint64_t*>(base + Cfg::kBarOff) + s; }
@@ -225,10 +217,7 @@ __device__ __forceinline__ void init_ring(const SmemView<Cfg>& sm) {
 
 template <class Cfg>
 __device__ __forceinline__ void fill_decode_table(const SmemView<Cfg>& sm, int tid, int nthreads) {
-  if constexpr (Cfg::kSmemLut32)
-    fill_shift_lut32(sm.lut32(), tid, nthreads);
-  else
-    fill_shift_lut(sm.lut(), tid, nthreads);
+  fill_shift_lut32(sm.lut32(), tid, nthreads);
 }
 
 template <class Cfg>
