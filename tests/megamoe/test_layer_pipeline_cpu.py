@@ -41,6 +41,7 @@ class FakeOps:
     """fp4_gemm.ops as the layer calls it; math exactly the reference's (so results are bitwise equal)."""
     SCALE_GROUP = 128
     pick_block_n = staticmethod(real_ops.pick_block_n)
+    pick_block_n_spread = staticmethod(real_ops.pick_block_n_spread)
 
     def __init__(self):
         self.calls = []
@@ -191,8 +192,8 @@ def test_staged_pipeline_bitwise(no_cuda_contexts, E, H, I, K, clamp, pow2):
         ref = moe_reference(x, idx.long(), w, weights, activation_clamp=clamp, pow2_scales=pow2)
         assert y.shape == (T, H) and y.dtype == torch.bfloat16
         assert torch.equal(y.view(torch.int16), ref.view(torch.int16)), f"case {i} (T={T}, {kw}) differs"
-    # block_n follows the expected rows per expert, ceil(T * R * K / E), T >= 1
-    want = [real_ops.pick_block_n(-(-max(T, 1) * K // E)) for T in (7, 1, T_max, 0, 13, 5, T_max)]
+    # block_n follows the mean rows per expert, T * R * K / E (T >= 1), and their spread
+    want = [real_ops.pick_block_n_spread(max(T, 1) * K / E) for T in (7, 1, T_max, 0, 13, 5, T_max)]
     assert [b for what, b in layer._ops.calls if what == "l1"] == want
     resets = _SplitK.resets
     with pytest.raises(ValueError, match="topk_idx: expert id"):

@@ -5,6 +5,8 @@ Every argument is checked here (dtype, shape, device, strides, alignment) and ag
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 from . import _arrays as A
@@ -241,10 +243,39 @@ def _splitk_args(splitk, x: A.DevArray):
 
 
 def pick_block_n(expected_m: int) -> int:
+    """The smallest token tile that holds `expected_m` rows (the GEMM's default for a known group size)."""
     for b in BLOCK_NS:
         if expected_m <= b:
             return b
     return BLOCK_NS[-1]
+
+
+# Time of one (tile, K block) of each token tile relative to the 8-token tile's, all SMs busy (speed only, no
+# effect on results): the layer's GEMMs alone per K block per SM in megamoe-bench 59ae151 (H200), 0.30 / 0.36 /
+# 0.43 / 0.63 / 0.84 us at 8 / 16 / 32 / 64 / 128 tokens (docs/perf-notes.md, "The token tile").
+TILE_KBLOCK_COST = {8: 1.0, 16: 1.2, 32: 1.43, 64: 2.1, 128: 2.8}
+
+
+def expected_tiles(mean_m: float, block_n: int) -> float:
+    """E[ceil(X / block_n)] for X ~ Poisson(mean_m): the tiles a group takes on average when its size spreads as
+    uniformly random routing spreads the tokens per expert (each tile streams the group's weights once)."""
+    if mean_m <= 0:
+        return 0.0
+    sd = math.sqrt(mean_m)
+    lo, hi = max(0, int(mean_m - 12 * sd - 10)), int(mean_m + 12 * sd + 10)
+    log_m = math.log(mean_m)
+    return sum(math.exp(k * log_m - mean_m - math.lgamma(k + 1)) * -(-k // block_n) for k in range(max(lo, 1), hi + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def pick_block_n_spread(mean_m: float) -> int:
+    """The token tile for groups whose sizes spread around `mean_m` (an MoE layer's tokens per expert): the
+    least expected tiles x per-tile cost (TILE_KBLOCK_COST), the smaller tile on a tie. A tile that holds most
+    groups whole streams each expert's weights once; the mean alone (pick_block_n) gave 1.41 tiles per expert
+    at 8 tokens per expert."""
+    cost = {b: expected_tiles(mean_m, b) * TILE_KBLOCK_COST[b] for b in BLOCK_NS}
+    least = min(cost.values())
+    return next(b for b in BLOCK_NS if cost[b] <= least * (1 + 1e-6))
 
 
 @dataclass

@@ -225,8 +225,9 @@ class MegaMoE(torch.nn.Module):
             return buf.combine(cin, h, check=False)
 
     def _block_n(self, T):
-        """The token tile of both GEMMs (either backend: the same tile, the same bits)."""
-        return self._ops.pick_block_n(-(-max(T, 1) * self.num_ranks * self.topk // self.num_experts))
+        """The token tile of both GEMMs (either backend: the same tile, the same bits): from the mean tokens per
+        expert, T * R * K / E, and their spread under random routing (fp4_gemm.ops.pick_block_n_spread)."""
+        return self._ops.pick_block_n_spread(max(T, 1) * self.num_ranks * self.topk / self.num_experts)
 
     def _fused(self, T, xq, xs, topk_idx, topk_w):
         """The fused kernel: dispatch -> L1 -> L2 -> pull combine in one launch (csrc/fused.cu)."""
