@@ -5,8 +5,6 @@ with MEGAMOE_TEST_SEED=<seed>.
 """
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -20,13 +18,6 @@ E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 FP8_REL_HALF_ULP = 2.0 ** -4      # E4M3: 3 mantissa bits
 FP8_SUBNORMAL_HALF_STEP = 2.0 ** -10
 FP32_SLACK = 1 + 2.0 ** -20      # rounding of x / s and of q * s in FP32
-
-
-@pytest.fixture
-def gen():
-    seed = int(os.environ.get("MEGAMOE_TEST_SEED", "0")) or int.from_bytes(os.urandom(8), "little") >> 1
-    print(f"seed={seed}  (rerun with MEGAMOE_TEST_SEED={seed})")
-    return torch.Generator().manual_seed(seed)
 
 
 def set_amax(group: torch.Tensor, amax: float) -> None:

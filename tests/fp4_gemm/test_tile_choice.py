@@ -1,22 +1,14 @@
 """The token-tile rule for spread group sizes (fp4_gemm.ops.expected_tiles / pick_block_n_spread) against
 independent computations: a Monte-Carlo draw of Poisson group sizes, and the rule's definition evaluated
-by brute force. Fresh seeded draws (MEGAMOE_TEST_SEED pins one)."""
+by brute force. Fresh seeded draws (the `gen` fixture, conftest.py: MEGAMOE_TEST_SEED pins one)."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
 from fp4_gemm import ops
-
-
-@pytest.fixture
-def gen():
-    seed = int(os.environ.get("MEGAMOE_TEST_SEED", "0")) or int.from_bytes(os.urandom(8), "little") >> 1
-    print(f"seed={seed}  (rerun with MEGAMOE_TEST_SEED={seed})")
-    return torch.Generator().manual_seed(seed)
 
 
 @pytest.mark.parametrize("mean_m", [0.3, 1.0, 3.0, 8.0, 12.0, 32.0, 48.0, 192.0, 1500.0])

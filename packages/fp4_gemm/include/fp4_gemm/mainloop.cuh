@@ -50,8 +50,8 @@ __device__ __forceinline__ void load_raw_global(const uint8_t* chunk, const Deco
 // off), then one PRMT (zero-extended byte) and one LDS.64 per shift: ~20 instructions, no branch. (An
 // arithmetic LUT with a warp vote for subnormal shifts took ~33 and a warp-uniform branch on the decode's
 // critical path: 92 more instructions per K-block pair at the 16-token tile; docs/perf-notes.md.)
-__device__ __forceinline__ void decode_raw_lut32(const RawFragment& r, const uint8_t* lut32,
-                                                 uint32_t (&a)[WL::kStepsPerBlockK][4]) {
+__device__ __forceinline__ void decode_raw(const RawFragment& r, const uint8_t* lut32,
+                                           uint32_t (&a)[WL::kStepsPerBlockK][4]) {
   constexpr int kSteps = WL::kStepsPerBlockK;
   const uint32_t off_x = (r.shifts.x << 3) & 0xF8F8F8F8u;
   const uint32_t off_y = (r.shifts.y << 3) & 0xF8F8F8F8u;
@@ -66,18 +66,12 @@ __device__ __forceinline__ void decode_raw_lut32(const RawFragment& r, const uin
 }
 
 template <class Cfg>
-__device__ __forceinline__ void decode_any(const SmemView<Cfg>& sm, const RawFragment& r,
-                                           uint32_t (&a)[WL::kStepsPerBlockK][4]) {
-  decode_raw_lut32(r, sm.lut32(), a);
-}
-
-template <class Cfg>
 __device__ __forceinline__ void decode_stage(const SmemView<Cfg>& sm, int s, const DecodeOffsets& off,
                                              uint32_t (&a)[WL::kStepsPerBlockK][4]) {
   // All shared-memory loads first (codes do not depend on the shifts): one load latency, not two.
   RawFragment r;
   load_raw_smem(sm.weights(s), off, r);
-  decode_any(sm, r, a);
+  decode_raw(r, sm.lut32(), a);
 }
 
 
@@ -327,7 +321,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
   for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
   load_next(r0);  // flat block 0
   load_next(r1);  // 1
-  decode_any(sm, r0, a0);
+  decode_raw(r0, sm.lut32(), a0);
   load_next(r0);  // 2
 
   uint32_t iter = 0;  // flat K block = ring iteration
@@ -356,7 +350,7 @@ __device__ __forceinline__ bool mma_stream_regs(const SmemView<Cfg>& sm, const G
     if (!wait_full(sm, pos, err, timeout_ns)) return -1;
     issue_block_mma(sm, s, a, part);
     if (iter + 1 < loaded) {      // the next flat block exists: its raw bytes are in r_next
-      decode_any(sm, r_next, a_next);
+      decode_raw(r_next, sm.lut32(), a_next);
       load_next(r_next);          // flat block iter + 3
     }
     // The scales are needed only by the promotion: read after the wgmma wait (the decode does not
