@@ -41,7 +41,8 @@ def test_pick_block_n_spread_is_the_cheapest_tile():
         assert all(cost[b] > cost[got] * (1 + 1e-6) for b in ops.BLOCK_NS if b < got), (m, got, cost)
 
 
-def test_pick_block_n_spread_grows_with_the_mean():
+def test_pick_block_n_spread_ends():
+    # Not monotonic in the mean: around 150 tokens per expert three 64-token tiles can cost less than two
+    # 128-token tiles (the brute-force test above checks every pick against the model).
     picks = [ops.pick_block_n_spread(m / 4) for m in range(1, 2000)]
-    assert picks == sorted(picks)
-    assert picks[0] == 8 and picks[-1] == 128
+    assert picks[0] == 8 and picks[-1] == 128 and set(picks) == set(ops.BLOCK_NS)

@@ -190,7 +190,9 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
   a.pb.max_m = max_m;
   a.x.scale_stride = k / WL::kBlockK;
   // Few tokens: the loop is short and latency-bound, so two CTAs per SM run two decode chains and
-  // keep more weight bytes in flight. Many tokens: weights go straight to registers (kRegs).
+  // keep more weight bytes in flight. 32 / 64 tokens: one CTA per SM, weights through shared memory, two K
+  // blocks in flight (the 64-token register path ran 9-16 % slower, H100 2026-12-07). 128 tokens: weights
+  // straight to registers (kRegs; through shared memory the tensor cores' token reads delayed the decode).
   using P = WeightPath;
   constexpr bool kL1 = kEpi == Epilogue::kL1;
   switch (block_n) {
@@ -198,7 +200,7 @@ int run_grouped_gemm(GemmArgs& a, const void* x, int layout, int num_groups, int
     // (L1: 9 stages, its stash and the unit table do not fit beside 10 in half an SM's shared memory)
     case 16: return launch<MainloopConfig<16, kL1 ? 9 : 10, P::kSmem, 2, false, kL1>, kEpi>(a, x, num_sms, stream);
     case 32: return launch<MainloopConfig<32, 16, P::kSmem, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
-    case 64: return launch<MainloopConfig<64, 12, P::kRegs, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
+    case 64: return launch<MainloopConfig<64, 12, P::kSmem, 1, false, kL1>, kEpi>(a, x, num_sms, stream);
     case 128: return launch<MainloopConfig<128, 10, P::kRegs, 1, kTokenMulticast128, kL1>, kEpi>(a, x, num_sms, stream);
     default: return FP4G_EUNSUPPORTED;
   }

@@ -75,8 +75,8 @@ template <> struct Configs<32> {
   using L2 = fg::MainloopConfig<32, 16, P_::kSmem, 1, false, false>;
 };
 template <> struct Configs<64> {
-  using L1 = fg::MainloopConfig<64, 12, P_::kRegs, 1, false, true>;
-  using L2 = fg::MainloopConfig<64, 12, P_::kRegs, 1, false, false>;
+  using L1 = fg::MainloopConfig<64, 10, P_::kSmem, 1, false, true>;
+  using L2 = fg::MainloopConfig<64, 10, P_::kSmem, 1, false, false>;
 };
 template <> struct Configs<128> {
   using L1 = fg::MainloopConfig<128, 9, P_::kRegs, 1, false, true>;

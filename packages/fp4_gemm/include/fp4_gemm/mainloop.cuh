@@ -208,7 +208,8 @@ __device__ __forceinline__ bool mma_tile(const SmemView<Cfg>& sm, const GroupedP
                                          int tid_in_wg, uint32_t& iter, float (&acc)[Cfg::kAccRegs],
                                          const ErrSink& err, uint64_t timeout_ns, int kbn = -1) {
   static_assert(Cfg::kPath == WeightPath::kSmem, "the kRegs path runs mma_stream_regs");
-  static_assert(Cfg::kBlockN <= 32, "two partial-sum buffers: registers allow up to 32 tokens");
+  static_assert(Cfg::kBlockN <= (Cfg::kCtasPerSm == 1 ? 64 : 32),
+                "two partial-sum buffers: registers allow up to 32 tokens at two CTAs per SM, 64 at one");
   constexpr int kSteps = WL::kStepsPerBlockK;
   constexpr int kScales = Cfg::kBlockN / 4;
   int lane = tid_in_wg % 32;

@@ -252,8 +252,10 @@ def pick_block_n(expected_m: int) -> int:
 
 # Time of one (tile, K block) of each token tile relative to the 8-token tile's, all SMs busy (speed only, no
 # effect on results): the layer's GEMMs alone per K block per SM in megamoe-bench 59ae151 (H200), 0.30 / 0.36 /
-# 0.43 / 0.63 / 0.84 us at 8 / 16 / 32 / 64 / 128 tokens (docs/perf-notes.md, "The token tile").
-TILE_KBLOCK_COST = {8: 1.0, 16: 1.2, 32: 1.43, 64: 2.1, 128: 2.8}
+# 0.43 / 0.63 / 0.84 us at 8 / 16 / 32 / 64 / 128 tokens, with 32 and 64 scaled by what the 32-entry decode
+# table (32: -5..-13 %) and the 64-token shared-memory loop (64: -9..-16 %) gained on an H100 (tile_sweep,
+# 2026-12-07); docs/perf-notes.md, "The token tile".
+TILE_KBLOCK_COST = {8: 1.0, 16: 1.2, 32: 1.35, 64: 1.85, 128: 2.8}
 
 
 def _poisson_pmf(mean_m: float) -> tuple[int, list[float]]:
