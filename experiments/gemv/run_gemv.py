@@ -1,0 +1,114 @@
+"""EXPERIMENT (experiments/gemv/gemv.cu): the CUDA-core GEMV against fp4_gemm's grouped GEMM (block_n 8 with the
+layer's split-K workspace, as the layer runs 1-token calls) at 1-2 rows per group.
+1. Correctness: every element of the GEMV's output against the float64 reference on the same quantised inputs
+   (fresh seeded inputs, output poisoned first), small shapes and the presets' L1 / L2 shapes.
+2. Speed: CUDA-graph time of each at the presets' shapes, 1 and 16 tokens per rank (top-6 routing, 6 / ~90
+   groups of 1-2 rows), with the HBM floor (touched experts' packed bytes / the copy bandwidth measured here).
+Usage (GPU machine, repo root, gpu_env sourced): python experiments/gemv/run_gemv.py build-gemv/libgemv.so"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "fp4_gemm"))
+sys.path.insert(0, str(ROOT / "bench"))
+from gemm_cases import gemm_error_bound, gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
+
+from fp4_gemm import ops, quantize_fp8  # noqa: E402
+
+LIB = ctypes.CDLL(sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "build-gemv" / "libgemv.so"))
+LIB.gemv_bf16.restype = ctypes.c_int
+LIB.gemv_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+POISON = 0x7FC1
+SEED = int(os.environ.get("GEMV_SEED", torch.randint(0, 2**31 - 1, (1,)).item()))
+print(f"run_gemv: seed {SEED} (GEMV_SEED={SEED} replays)")
+
+
+def gemv(xq, xs, pw, offs, out):
+    rc = LIB.gemv_bf16(xq.data_ptr(), xs.data_ptr(), pw.packed.data_ptr(), pw.row_scale.data_ptr(), offs.data_ptr(),
+                       pw.G, pw.N, pw.K, out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)
+    assert rc == 0, f"gemv_bf16 returned {rc}"
+
+
+def case(G, N, K, sizes, gen):
+    tw, pw = random_weights(G, N, K, gen)
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    x = random_tokens(int(offs[-1]), K, gen)
+    xq, xs = quantize_fp8(x)
+    return tw, pw, offs, xq, xs
+
+
+def check(G, N, K, sizes, gen):
+    tw, pw, offs, xq, xs = case(G, N, K, sizes, gen)
+    out = torch.full((xq.shape[0], N), POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+    gemv(xq, xs, pw, offs, out)
+    torch.cuda.synchronize()
+    starts = offs.tolist()
+    groups = [(g, starts[g], sizes[g]) for g in range(G)]
+    ref = gemm_reference(xq, xs, tw, groups)
+    within, rel = reference_bf16_step_check(out, ref, f"gemv G={G} N={N} K={K}", gemm_error_bound(xq, xs, tw, groups))
+    print(f"check G={G} N={N} K={K} rows={sum(sizes)}: within one BF16 step {within:.4f}, rel {rel:.2e}", flush=True)
+
+
+def graph_us(fn, reps=20):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def copy_bw():
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    us = graph_us(lambda: b.copy_(a))
+    return 2 * a.numel() / (us * 1e-6)
+
+
+def bench(name, G, N, K, tokens, topk, gen, bw, ws):
+    routed = torch.stack([torch.randperm(G, generator=gen)[:topk] for _ in range(tokens)]).flatten()
+    sizes = torch.bincount(routed, minlength=G).tolist()
+    tw, pw, offs, xq, xs = case(G, N, K, sizes, gen)
+    del tw
+    out = torch.empty((xq.shape[0], N), dtype=torch.bfloat16, device="cuda")
+    t_gemv = graph_us(lambda: gemv(xq, xs, pw, offs, out))
+    t_mma = graph_us(lambda: ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=8, out=out, splitk=ws))
+    touched = sum(1 for s in sizes if s)
+    floor = touched * pw.packed[0].numel() / bw * 1e6
+    print(f"{name:9s} T={tokens:3d} groups {touched:3d} rows {sum(sizes):4d}: gemv {t_gemv:7.1f} us, wgmma (block_n 8, "
+          f"split-K) {t_mma:7.1f} us, HBM floor {floor:6.1f} us: gemv / floor {t_gemv / floor:4.2f}", flush=True)
+
+
+def main():
+    gen = torch.Generator().manual_seed(SEED)
+    print(f"GPU {torch.cuda.get_device_name()}")
+    for G, N, K, sizes in [(1, 128, 128, [1]), (3, 256, 256, [0, 2, 1]), (8, 384, 512, [1, 0, 3, 1, 2, 0, 5, 1]),
+                           (6, 4096, 2048, [1, 2, 1, 1, 0, 1]), (4, 7168, 3072, [1, 1, 2, 0])]:
+        check(G, N, K, sizes, gen)
+    bw = copy_bw()
+    print(f"HBM copy {bw / 1e12:.2f} TB/s")
+    ws = ops.SplitKWorkspace()
+    for name, G, N, K in [("flash L1", 256, 4096, 4096), ("flash L2", 256, 4096, 2048),
+                          ("pro L1", 384, 6144, 7168), ("pro L2", 384, 7168, 3072)]:
+        for tokens in (1, 16):
+            bench(name, G, N, K, tokens, 6, gen, bw, ws)
+
+
+if __name__ == "__main__":
+    main()
