@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fp4_gemm"))
 sys.path.insert(0, str(ROOT / "bench"))
 from gemm_cases import gemm_error_bound, gemm_reference, random_tokens, random_weights, reference_bf16_step_check  # noqa: E402
 
-from fp4_gemm import ops, quantize_fp8  # noqa: E402
+from fp4_gemm import layout, ops, quantize_fp8  # noqa: E402
 
 LIB = ctypes.CDLL(sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "build-gemv" / "libgemv.so"))
 LIB.gemv_bf16.restype = ctypes.c_int
@@ -31,7 +31,7 @@ print(f"run_gemv: seed {SEED} (GEMV_SEED={SEED} replays)")
 
 def gemv(xq, xs, pw, offs, out):
     rc = LIB.gemv_bf16(xq.data_ptr(), xs.data_ptr(), pw.packed.data_ptr(), pw.row_scale.data_ptr(), offs.data_ptr(),
-                       pw.G, pw.N, pw.K, out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)
+                       pw.num_groups, pw.n, pw.k, out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)
     assert rc == 0, f"gemv_bf16 returned {rc}"
 
 
@@ -81,17 +81,21 @@ def copy_bw():
     return 2 * a.numel() / (us * 1e-6)
 
 
-def bench(name, G, N, K, tokens, topk, gen, bw, ws):
-    routed = torch.stack([torch.randperm(G, generator=gen)[:topk] for _ in range(tokens)]).flatten()
-    sizes = torch.bincount(routed, minlength=G).tolist()
-    tw, pw, offs, xq, xs = case(G, N, K, sizes, gen)
-    del tw
+def bench(name, E, N, K, tokens, topk, gen, bw, ws):
+    """The touched experts only (random packed bytes: timing, not values; every shift byte indexes the table)."""
+    routed = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(tokens)]).flatten()
+    sizes = [s for s in torch.bincount(routed, minlength=E).tolist() if s]
+    G = len(sizes)
+    C = layout.constants()
+    packed = torch.randint(0, 256, (G, N // 128, K // 128, C["kBlockChunkBytes"]), dtype=torch.uint8, device="cuda")
+    pw = ops.PackedWeights(packed, torch.full((G, N), 2.0 ** -8, device="cuda"), G, N, K)
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    xq, xs = quantize_fp8(random_tokens(sum(sizes), K, gen))
     out = torch.empty((xq.shape[0], N), dtype=torch.bfloat16, device="cuda")
     t_gemv = graph_us(lambda: gemv(xq, xs, pw, offs, out))
     t_mma = graph_us(lambda: ops.grouped_gemm(xq, xs, pw, group_offsets=offs, block_n=8, out=out, splitk=ws))
-    touched = sum(1 for s in sizes if s)
-    floor = touched * pw.packed[0].numel() / bw * 1e6
-    print(f"{name:9s} T={tokens:3d} groups {touched:3d} rows {sum(sizes):4d}: gemv {t_gemv:7.1f} us, wgmma (block_n 8, "
+    floor = packed.numel() / bw * 1e6
+    print(f"{name:9s} T={tokens:3d} groups {G:3d} rows {sum(sizes):4d}: gemv {t_gemv:7.1f} us, wgmma (block_n 8, "
           f"split-K) {t_mma:7.1f} us, HBM floor {floor:6.1f} us: gemv / floor {t_gemv / floor:4.2f}", flush=True)
 
 
