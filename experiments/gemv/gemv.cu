@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm)
 extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
                          int G, int N, int K, void* out, int num_sms, cudaStream_t stream) {
   if (G <= 0 || G > kMaxGroups || N % WL::kBlockRows != 0 || K % WL::kBlockK != 0) return 1;
+  if (reinterpret_cast<uintptr_t>(x) % 4 || reinterpret_cast<uintptr_t>(packed) % 16) return 2;  // the vector loads
   if (num_sms <= 0) {
     int dev = 0;
     cudaGetDevice(&dev);
