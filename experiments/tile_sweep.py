@@ -41,7 +41,7 @@ def main():
                     layer._block_n = lambda _T, bn=bn: bn  # noqa: E731 (instance attribute shadows the method)
                     t = time_cuda_graph([lambda s=s: layer(*s) for s in sets], warmup=3, reps=10)
                     g = float("nan")
-                    if backend == "staged":  # the GEMMs alone on the pool of the last call (set 1's routing)
+                    if backend == "staged":  # the GEMMs alone on the pool of a fresh call with input set 0
                         layer(*sets[0])
                         g = (time_cuda_graph(lambda: layer._expert_gemms(T), warmup=3, reps=10) or float("nan")) * 1e6
                     check()
