@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Builds the GEMV experiment into build-gemv/libgemv.so (here: nvcc 13 matches the GPU machine's driver); carry
-# build-gemv and run `python experiments/gemv/run_gemv.py build-gemv/libgemv.so` there (or device_call.sh gemv).
+# Builds the few-token GEMM experiment into build-gemv/ (here: nvcc 13 matches the GPU machine's driver): libgemv.so
+# (8 stages, 2 CTAs per SM) and libgemv_s6c3.so (6 stages, 3 CTAs per SM). Carry build-gemv and run
+# `python experiments/gemv/run_gemv.py build-gemv/<lib>` there (device_call.sh gemv runs both).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p build-gemv
-nvcc -I packages/fp4_gemm/include -I packages/common/include -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
-  --expt-relaxed-constexpr -Xptxas=-v -shared -Xcompiler -fPIC experiments/gemv/gemv.cu -o build-gemv/libgemv.so 2>&1 |
-  grep -E "error|registers|spill"
+for v in "libgemv.so:8:2" "libgemv_s6c3.so:6:3"; do
+  IFS=: read -r name stages ctas <<< "$v"
+  nvcc -I packages/fp4_gemm/include -I packages/common/include -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 \
+    --expt-relaxed-constexpr -Xptxas=-v -shared -Xcompiler -fPIC -DGEMV_STAGES="$stages" -DGEMV_CTAS="$ctas" \
+    experiments/gemv/gemv.cu -o "build-gemv/$name" 2>&1 | grep -E "error|registers|spill" | sed "s/^/$name: /"
+done

@@ -1,17 +1,16 @@
-// experiments/gemv/gemv.cu — EXPERIMENT, not the product (docs/perf-notes.md, "The 16 / 32 / 64-token tiles",
-// the GEMV item): the BF16-output grouped GEMM for 1-2 tokens per expert on CUDA cores instead of wgmma.
-// Why: at one token per rank a wgmma tile of 8 tokens wastes 7/8 of every MMA and each K block is a dependent
-// decode -> wgmma -> wait chain (~0.42 us per K block per CTA, H200), so the layer's 1-token GEMMs run ~2.5x their
-// HBM floor. Here every warp streams its own 16 weight rows over all of K with no chain between K blocks (FP32
-// FMAs on the decoded E4M3 values; the products of two E4M3 values are exact in FP32), so the bytes in flight,
-// not a per-block latency, bound it.
-// Reads fp4_gemm's packed layout (layout.cuh) and decodes with its decode_step / 32-entry table (decode.cuh).
-// Its bits differ from the wgmma path's (FP32 sums instead of the tensor cores' partial sums): a product path
-// would have to be used by staged and fused alike at the sizes it serves.
+// experiments/gemv/gemv.cu — EXPERIMENT, not the product (docs/perf-notes.md, "Few-token GEMMs on mma.sync"):
+// the BF16-output grouped GEMM for few tokens per expert (1-8 per pass) with warp-level mma.sync instead of wgmma.
+// Why: at one token per rank the wgmma path's 8-token tile runs each K block as a dependent decode -> wgmma ->
+// wait chain (~0.42 us per K block per CTA, H200), so its 1-token GEMMs take ~1.5-1.9x their HBM floor. A first
+// try on CUDA cores (FP32 FMAs on decoded E4M3, 2026-12-07, H100) was issue-bound at ~3x the floor: ~4 instructions
+// per weight. Here each warp's 16 weight rows x 32 k are ONE mma.sync.m16n8k32 (the packed layout is its A
+// fragment: decode_step's a[0..3] are a0..a3), the tokens are its 8 columns, and the weights stream through a TMA
+// ring of kStages K-block chunks per CTA (a producer warp; 8 consumer warps), so bytes in flight, not a chain,
+// bound it: ~12 instructions per warp per 512 weights instead of ~130.
+// Promotion as the wgmma path: the tensor core's sum over one K block (128 k), then FP32 += that * the token's
+// scale. Bits differ from the wgmma path (other partial sums), so the layer would use it in staged and fused alike.
 // C entry: gemv_bf16(x, xs, packed, row_scale, group_offsets, G, N, K, out, num_sms, stream) -> 0 / error code.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -20,116 +19,155 @@
 
 namespace {
 using fp4_gemm::WL;
-constexpr int kWarps = 8;           // warps per CTA
-constexpr int kCtasPerSm = 2;       // 16 warps per SM, each with kKbUnroll K blocks' loads in flight (114 registers, no spill)
-constexpr int kMaxTok = 2;          // tokens per pass over a unit's weights (more rows: more passes)
-constexpr int kRowsPerUnit = 16;    // one warp's rows of a warpgroup's 64 (layout.cuh)
-constexpr int kMaxGroups = 2048;    // group offsets staged in shared memory
-constexpr int kKbUnroll = 4;        // K blocks whose loads are issued together
-static_assert(WL::kRowsPerWarpgroup == 4 * kRowsPerUnit && WL::kStepsPerBlockK == 4, "layout.cuh's fragment");
+namespace ptx = ::moe::ptx;
+constexpr int kConsumerWarps = 8;  // 2 warpgroup sub-chunks x 4 warps of 16 rows: one 128-row chunk
+constexpr int kThreads = (kConsumerWarps + 1) * 32;
+#ifndef GEMV_STAGES
+#define GEMV_STAGES 8
+#define GEMV_CTAS 2
+#endif
+constexpr int kStages = GEMV_STAGES;  // K-block chunks in flight per CTA (8704 B each); build.sh's variants set both
+constexpr int kCtasPerSm = GEMV_CTAS;
+constexpr int kTokTile = 8;        // mma n8: tokens per pass over a row block's weights
+constexpr int kMaxGroups = 2048;
+constexpr uint64_t kTimeoutNs = 2000000000ull;
+static_assert(WL::kStepsPerBlockK == 4 && WL::kRowsPerWarpgroup == 64 && WL::kWarpgroupsPerBlock == 2, "fragment");
 
-__device__ __forceinline__ void e4m3x4(uint32_t v, float (&f)[4]) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
-}
-
-// One K block of one unit for the pass's tokens: p[t][0] (row r) and p[t][1] (row r + 8) over this lane's 32 k.
-struct KBlock {
-  uint2 codes[4];
-  uint16_t shifts[4];
+struct Smem {
+  alignas(128) uint8_t ring[kStages][WL::kBlockChunkBytes];
+  uint64_t full[kStages], empty[kStages];
+  alignas(8) uint8_t lut[fp4_gemm::kLut32Entries * 8];
+  int offs[kMaxGroups + 1];
+  int tile_prefix[kMaxGroups + 1];  // token tiles (kTokTile rows) of the groups before g
 };
+static_assert(WL::kBlockChunkBytes % 128 == 0, "stages stay 128-byte aligned");
 
-__device__ __forceinline__ void load_kblock(const uint8_t* ch, int w, int lane, KBlock& b) {
-  const int q = lane / 4;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    b.codes[s] = *reinterpret_cast<const uint2*>(ch + (s * 128 + w * 32 + lane) * 8);
-    b.shifts[s] = *reinterpret_cast<const uint16_t*>(ch + WL::kCodeBytes + ((w * 8 + q) * 4 + s) * 2);
-  }
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm)
+// Unit u (of tiles x row blocks) -> group g, its first row of the tile, rows in it, row block nb.
+struct Unit {
+  int g, row0, rows, nb;
+};
+__device__ __forceinline__ Unit unit_of(const Smem& s, int u, int nblocks, int G) {
+  const int tile = u / nblocks;
+  int lo = 0, hi = G;  // tile_prefix[lo] <= tile < tile_prefix[hi]: ends at the (non-empty) group holding it
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (s.tile_prefix[mid] <= tile) lo = mid; else hi = mid;
+  }
+  const int t0 = (tile - s.tile_prefix[lo]) * kTokTile;
+  const int n = s.offs[lo + 1] - s.offs[lo] - t0;
+  return {lo, s.offs[lo] + t0, n < kTokTile ? n : kTokTile, u % nblocks};
+}
+
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     gemv_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs, const uint8_t* __restrict__ packed,
                 const float* __restrict__ row_scale, const int* __restrict__ offs, int G, int N, int K,
                 __nv_bfloat16* __restrict__ out) {
-  __shared__ __align__(8) uint8_t lut[fp4_gemm::kLut32Entries * 8];
-  __shared__ int s_offs[kMaxGroups + 1];
-  fp4_gemm::fill_shift_lut32(lut, threadIdx.x, blockDim.x);
-  for (int i = threadIdx.x; i <= G; i += blockDim.x) s_offs[i] = offs[i];
-  __syncthreads();
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int slices = N / kRowsPerUnit, kblocks = K / WL::kBlockK;
-  const int units = G * slices;
-  const int c = 4 * (lane % 4);
-  // Unit u = (group, slice), consecutive units on consecutive CTAs (different SMs).
-  for (int u = warp * gridDim.x + blockIdx.x; u < units; u += gridDim.x * kWarps) {
-    const int g = u / slices, slice = u % slices;
-    const int row0 = s_offs[g], rows = s_offs[g + 1] - row0;
-    if (rows <= 0) continue;
-    const int nb = slice / 8, wg = (slice % 8) / 4, w = slice % 4;
-    const uint8_t* chunk0 = packed + (int64_t(g) * (N / WL::kBlockRows) + nb) * kblocks * int64_t(WL::kBlockChunkBytes) +
-                            wg * WL::kWgChunkBytes;
-    const int r = nb * WL::kBlockRows + wg * WL::kRowsPerWarpgroup + w * kRowsPerUnit + lane / 4;
-    for (int t0 = 0; t0 < rows; t0 += kMaxTok) {
-      const int nt = min(kMaxTok, rows - t0);
-      float acc[kMaxTok][2] = {};
-      for (int kb0 = 0; kb0 < kblocks; kb0 += kKbUnroll) {
-        KBlock b[kKbUnroll];
+  fp4_gemm::fill_shift_lut32(s.lut, threadIdx.x, blockDim.x);
+  for (int i = threadIdx.x; i <= G; i += blockDim.x) s.offs[i] = offs[i];
+  if (threadIdx.x == 0)
+    for (int i = 0; i < kStages; ++i) ptx::mbar_init(&s.full[i], 1), ptx::mbar_init(&s.empty[i], kConsumerWarps);
+  ptx::fence_mbar_init();
+  __syncthreads();
+  if (warp == 0) {  // token tiles per group, prefix over groups (a warp scan per 32 groups)
+    int carry = 0;
+    for (int g0 = 0; g0 < G; g0 += 32) {
+      const int g = g0 + lane;
+      const int n = g < G ? (s.offs[g + 1] - s.offs[g] + kTokTile - 1) / kTokTile : 0;
+      int incl = n;
 #pragma unroll
-        for (int j = 0; j < kKbUnroll; ++j)
-          if (kb0 + j < kblocks) load_kblock(chunk0 + int64_t(kb0 + j) * WL::kBlockChunkBytes, w, lane, b[j]);
-#pragma unroll
-        for (int j = 0; j < kKbUnroll; ++j) {
-          const int kb = kb0 + j;
-          if (kb >= kblocks) break;
-          float p[kMaxTok][2] = {};
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const uint2 lr = *reinterpret_cast<const uint2*>(lut + (b[j].shifts[s] & 31) * 8);
-            const uint2 lr8 = *reinterpret_cast<const uint2*>(lut + ((b[j].shifts[s] >> 8) & 31) * 8);
-            uint32_t a[4];
-            fp4_gemm::decode_step(b[j].codes[s], lr, lr8, a);  // a[0] / a[2]: row r, a[1] / a[3]: row r + 8
-            float w0[4], w1[4], w2[4], w3[4];
-            e4m3x4(a[0], w0), e4m3x4(a[1], w1), e4m3x4(a[2], w2), e4m3x4(a[3], w3);
-#pragma unroll
-            for (int t = 0; t < kMaxTok; ++t) {
-              if (t >= nt) break;
-              const uint8_t* xr = x + int64_t(row0 + t0 + t) * K + kb * WL::kBlockK + s * 32 + c;
-              float xl[4], xh[4];
-              e4m3x4(*reinterpret_cast<const uint32_t*>(xr), xl);
-              e4m3x4(*reinterpret_cast<const uint32_t*>(xr + 16), xh);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                p[t][0] = fmaf(w0[i], xl[i], fmaf(w2[i], xh[i], p[t][0]));
-                p[t][1] = fmaf(w1[i], xl[i], fmaf(w3[i], xh[i], p[t][1]));
-              }
-            }
-          }
-#pragma unroll
-          for (int t = 0; t < kMaxTok; ++t) {
-            if (t >= nt) break;
-            const float sc = xs[int64_t(row0 + t0 + t) * kblocks + kb];
-            acc[t][0] = fmaf(sc, p[t][0], acc[t][0]);
-            acc[t][1] = fmaf(sc, p[t][1], acc[t][1]);
-          }
-        }
+      for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
       }
-#pragma unroll
-      for (int t = 0; t < kMaxTok; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // the quad's four lanes hold the same rows' other k
-          acc[t][h] += __shfl_xor_sync(0xffffffffu, acc[t][h], 1);
-          acc[t][h] += __shfl_xor_sync(0xffffffffu, acc[t][h], 2);
-        }
-      if (lane % 4 == 0) {
-        for (int t = 0; t < nt; ++t) {
-          __nv_bfloat16* o = out + int64_t(row0 + t0 + t) * N;
-          o[r] = __float2bfloat16_rn(row_scale[int64_t(g) * N + r] * acc[t][0]);
-          o[r + 8] = __float2bfloat16_rn(row_scale[int64_t(g) * N + r + 8] * acc[t][1]);
-        }
+      if (g < G) s.tile_prefix[g] = carry + incl - n;
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) s.tile_prefix[G] = carry;
+  }
+  __syncthreads();
+  const int nblocks = N / WL::kBlockRows, kblocks = K / WL::kBlockK;
+  const int units = s.tile_prefix[G] * nblocks;
+
+  if (warp == kConsumerWarps) {  // producer: one K-block chunk per stage, the ring continuous across units
+    if (lane != 0) return;
+    int it = 0;
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const Unit un = unit_of(s, u, nblocks, G);
+      const uint8_t* src = packed + (int64_t(un.g) * nblocks + un.nb) * kblocks * int64_t(WL::kBlockChunkBytes);
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int st = it % kStages;
+        if (it >= kStages && !ptx::mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1, kTimeoutNs)) __trap();
+        ptx::mbar_arrive_expect_tx(&s.full[st], WL::kBlockChunkBytes);
+        ptx::bulk_load(s.ring[st], src + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes, &s.full[st]);
       }
+    }
+    return;
+  }
+
+  // Consumers: warp (wg, w) owns rows nb * 128 + wg * 64 + 16 w + lane / 4 (+ 8): decode_step's A fragment.
+  const int wg = warp / 4, w = warp % 4, q = lane % 4, n_tok = lane / 4;
+  int it = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit un = unit_of(s, u, nblocks, G);
+    const bool tok_ok = n_tok < un.rows;  // this lane's B column (token lane / 4)
+    const uint8_t* xrow = x + int64_t(un.row0 + (tok_ok ? n_tok : 0)) * K + 4 * q;
+    const bool c0_ok = 2 * q < un.rows, c1_ok = 2 * q + 1 < un.rows;  // this lane's accumulator columns
+    const float* xs0 = xs + int64_t(un.row0 + (c0_ok ? 2 * q : 0)) * kblocks;
+    const float* xs1 = xs + int64_t(un.row0 + (c1_ok ? 2 * q + 1 : 0)) * kblocks;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    uint32_t b[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = tok_ok ? *reinterpret_cast<const uint32_t*>(xrow + (i / 2) * 32 + (i % 2) * 16) : 0u;
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int st = it % kStages;
+      // The next K block's token fragment and this one's scales, issued before the wait.
+      uint32_t bn[8];
+      const bool more = kb + 1 < kblocks;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        bn[i] = tok_ok && more ? *reinterpret_cast<const uint32_t*>(xrow + (kb + 1) * WL::kBlockK + (i / 2) * 32 + (i % 2) * 16)
+                               : 0u;
+      const float sc0 = c0_ok ? xs0[kb] : 0.f, sc1 = c1_ok ? xs1[kb] : 0.f;
+      if (!ptx::mbar_wait(&s.full[st], (it / kStages) & 1, kTimeoutNs)) __trap();
+      const uint8_t* ch = s.ring[st] + wg * WL::kWgChunkBytes;
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(ch + (step * 128 + w * 32 + lane) * 8);
+        const uint16_t sh = *reinterpret_cast<const uint16_t*>(ch + WL::kCodeBytes + ((w * 8 + n_tok) * 4 + step) * 2);
+        const uint2 lr = *reinterpret_cast<const uint2*>(s.lut + (sh & 31) * 8);
+        const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
+        uint32_t a[4];
+        fp4_gemm::decode_step(codes, lr, lr8, a);
+        mma_e4m3(d, a, b[2 * step], b[2 * step + 1]);
+      }
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&s.empty[st]);
+      acc[0] = fmaf(d[0], sc0, acc[0]), acc[1] = fmaf(d[1], sc1, acc[1]);
+      acc[2] = fmaf(d[2], sc0, acc[2]), acc[3] = fmaf(d[3], sc1, acc[3]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) b[i] = bn[i];
+    }
+    // d / acc: [0] (row r, token 2q), [1] (row r, token 2q + 1), [2] / [3] the same for row r + 8.
+    const int r = un.nb * WL::kBlockRows + wg * WL::kRowsPerWarpgroup + 16 * w + n_tok;
+    const float rs0 = row_scale[int64_t(un.g) * N + r], rs1 = row_scale[int64_t(un.g) * N + r + 8];
+    if (c0_ok) {
+      __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q) * N + r;
+      o[0] = __float2bfloat16_rn(acc[0] * rs0), o[8] = __float2bfloat16_rn(acc[2] * rs1);
+    }
+    if (c1_ok) {
+      __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q + 1) * N + r;
+      o[0] = __float2bfloat16_rn(acc[1] * rs0), o[8] = __float2bfloat16_rn(acc[3] * rs1);
     }
   }
 }
@@ -138,13 +176,20 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm)
 extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
                          int G, int N, int K, void* out, int num_sms, cudaStream_t stream) {
   if (G <= 0 || G > kMaxGroups || N % WL::kBlockRows != 0 || K % WL::kBlockK != 0) return 1;
-  if (reinterpret_cast<uintptr_t>(x) % 4 || reinterpret_cast<uintptr_t>(packed) % 16) return 2;  // the vector loads
+  if (reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(packed) % 16 || K % 16) return 2;
   if (num_sms <= 0) {
     int dev = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   }
-  gemv_kernel<<<num_sms * kCtasPerSm, kWarps * 32, 0, stream>>>(
+  static bool attr = false;
+  if (!attr) {
+    const cudaError_t e = cudaFuncSetAttribute(gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem)));
+    if (e != cudaSuccess) return int(e);
+    attr = true;
+  }
+  // Units (token tiles x row blocks) are counted on the device (no host sync); the grid covers the SMs.
+  gemv_kernel<<<num_sms * kCtasPerSm, kThreads, sizeof(Smem), stream>>>(
       static_cast<const uint8_t*>(x), xs, static_cast<const uint8_t*>(packed), row_scale, offs, G, N, K,
       static_cast<__nv_bfloat16*>(out));
   return int(cudaGetLastError());

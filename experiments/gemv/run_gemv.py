@@ -1,9 +1,9 @@
-"""EXPERIMENT (experiments/gemv/gemv.cu): the CUDA-core GEMV against fp4_gemm's grouped GEMM (block_n 8 with the
-layer's split-K workspace, as the layer runs 1-token calls) at 1-2 rows per group.
+"""EXPERIMENT (experiments/gemv/gemv.cu): the mma.sync few-token GEMM against fp4_gemm's grouped GEMM (block_n 8 with the
+layer's split-K workspace, as the layer runs 1-token calls) at 1-8 rows per group.
 1. Correctness: every element of the GEMV's output against the float64 reference on the same quantised inputs
    (fresh seeded inputs, output poisoned first), small shapes and the presets' L1 / L2 shapes.
-2. Speed: CUDA-graph time of each at the presets' shapes, 1 and 16 tokens per rank (top-6 routing, 6 / ~90
-   groups of 1-2 rows), with the HBM floor (touched experts' packed bytes / the copy bandwidth measured here).
+2. Speed: CUDA-graph time of each at the presets' shapes, 1, 16 and 64 tokens per rank (top-6 routing, 6 /
+   ~90 / ~250 groups of 1-2 rows), with the HBM floor (touched experts' packed bytes / the copy bandwidth measured here).
 Usage (GPU machine, repo root, gpu_env sourced): python experiments/gemv/run_gemv.py build-gemv/libgemv.so"""
 from __future__ import annotations
 
@@ -83,14 +83,14 @@ def main():
     gen = torch.Generator().manual_seed(SEED)
     print(f"GPU {torch.cuda.get_device_name()}")
     for G, N, K, sizes in [(1, 128, 128, [1]), (3, 256, 256, [0, 2, 1]), (8, 384, 512, [1, 0, 3, 1, 2, 0, 5, 1]),
-                           (6, 4096, 2048, [1, 2, 1, 1, 0, 1]), (4, 7168, 3072, [1, 1, 2, 0])]:
+                           (6, 4096, 2048, [1, 2, 1, 1, 0, 1]), (4, 256, 384, [17, 0, 9, 8]), (4, 7168, 3072, [1, 1, 2, 0])]:
         check(G, N, K, sizes, gen)
     bw = measure_hbm_copy()
     print(f"HBM copy {bw / 1e12:.2f} TB/s")
     ws = ops.SplitKWorkspace()
     for name, G, N, K in [("flash L1", 256, 4096, 4096), ("flash L2", 256, 4096, 2048),
                           ("pro L1", 384, 6144, 7168), ("pro L2", 384, 7168, 3072)]:
-        for tokens in (1, 16):
+        for tokens in (1, 16, 64):
             bench(name, G, N, K, tokens, 6, gen, bw, ws)
 
 
