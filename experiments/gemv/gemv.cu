@@ -9,12 +9,16 @@
 // bound it: ~12 instructions per warp per 512 weights instead of ~130.
 // Promotion as the wgmma path: the tensor core's sum over one K block (128 k), then FP32 += that * the token's
 // scale. Bits differ from the wgmma path (other partial sums), so the layer would use it in staged and fused alike.
-// C entry: gemv_bf16(x, xs, packed, row_scale, group_offsets, G, N, K, out, num_sms, stream) -> 0 / error code.
+// C entries: gemv_bf16(x, xs, packed, row_scale, group_offsets, G, N, K, out, num_sms, stream) -> 0 / error code;
+// gemv_l1(..., topk_w, out_q, out_s, clamp, pow2, num_sms, stream) in the 256-row-unit build (SwiGLU x top-k weight
+// -> E4M3 + one scale per 128 channels, the layer's L1 output).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "fp4_gemm/decode.cuh"
+#include "fp4_gemm/epilogue.cuh"
+#include "fp4_gemm/fp8.cuh"
 #include "fp4_gemm/layout.cuh"
 
 namespace {
@@ -26,19 +30,25 @@ constexpr int kThreads = (kConsumerWarps + 1) * 32;
 #define GEMV_STAGES 8
 #define GEMV_CTAS 2
 #endif
-constexpr int kStages = GEMV_STAGES;  // K-block chunks in flight per CTA (8704 B each); build.sh's variants set both
+#ifndef GEMV_PAIR
+#define GEMV_PAIR 1
+#endif
+constexpr int kStages = GEMV_STAGES;  // stages in flight per CTA (kPair K-block chunks of 8704 B each); build.sh's variants
+constexpr int kPair = GEMV_PAIR;      // row blocks per unit: 2 = the 256 rows (128 channels) an L1 output scale spans
 constexpr int kCtasPerSm = GEMV_CTAS;
 constexpr int kTokTile = 8;        // mma n8: tokens per pass over a row block's weights
-constexpr int kMaxGroups = 2048;
+constexpr int kMaxGroups = 1024;
 constexpr uint64_t kTimeoutNs = 2000000000ull;
 static_assert(WL::kStepsPerBlockK == 4 && WL::kRowsPerWarpgroup == 64 && WL::kWarpgroupsPerBlock == 2, "fragment");
 
 struct Smem {
-  alignas(128) uint8_t ring[kStages][WL::kBlockChunkBytes];
+  alignas(128) uint8_t ring[kStages][kPair * WL::kBlockChunkBytes];
   uint64_t full[kStages], empty[kStages];
   alignas(8) uint8_t lut[fp4_gemm::kLut32Entries * 8];
   int offs[kMaxGroups + 1];
   int tile_prefix[kMaxGroups + 1];  // token tiles (kTokTile rows) of the groups before g
+  float amax[kTokTile][kConsumerWarps];  // L1: per token, each warp's max over its 16 channels
+  float scale[kTokTile];
 };
 static_assert(WL::kBlockChunkBytes % 128 == 0, "stages stay 128-byte aligned");
 
@@ -62,13 +72,18 @@ __device__ __forceinline__ Unit unit_of(const Smem& s, int u, int nblocks, int G
   }
   const int t0 = (tile - s.tile_prefix[lo]) * kTokTile;
   const int n = s.offs[lo + 1] - s.offs[lo] - t0;
-  return {lo, s.offs[lo] + t0, n < kTokTile ? n : kTokTile, u % nblocks};
+  return {lo, s.offs[lo] + t0, n < kTokTile ? n : kTokTile, (u % nblocks) * kPair};
 }
 
+// kL1: the L1 epilogue (kPair 2: a unit holds the 128 channels of one output scale) with fp4_gemm's own
+// l1_activations / fp8_scale_from_amax (the accumulator layout of mma.sync m16n8 is the wgmma tile's at kBlockN 8);
+// else BF16 out[row][n] = acc * row_scale.
+template <bool kL1>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     gemv_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs, const uint8_t* __restrict__ packed,
                 const float* __restrict__ row_scale, const int* __restrict__ offs, int G, int N, int K,
-                __nv_bfloat16* __restrict__ out) {
+                __nv_bfloat16* __restrict__ out, fp4_gemm::L1Args l1) {
+  static_assert(!kL1 || kPair == 2, "an L1 unit is the pair of row blocks one output scale spans");
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Smem& s = *reinterpret_cast<Smem*>(smem_raw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -96,19 +111,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   __syncthreads();
   const int nblocks = N / WL::kBlockRows, kblocks = K / WL::kBlockK;
-  const int units = s.tile_prefix[G] * nblocks;
+  const int units = s.tile_prefix[G] * (nblocks / kPair);
 
   if (warp == kConsumerWarps) {  // producer: one K-block chunk per stage, the ring continuous across units
     if (lane != 0) return;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit un = unit_of(s, u, nblocks, G);
+      const Unit un = unit_of(s, u, nblocks / kPair, G);
       const uint8_t* src = packed + (int64_t(un.g) * nblocks + un.nb) * kblocks * int64_t(WL::kBlockChunkBytes);
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const int st = it % kStages;
         if (it >= kStages && !ptx::mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1, kTimeoutNs)) __trap();
-        ptx::mbar_arrive_expect_tx(&s.full[st], WL::kBlockChunkBytes);
-        ptx::bulk_load(s.ring[st], src + int64_t(kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes, &s.full[st]);
+        ptx::mbar_arrive_expect_tx(&s.full[st], kPair * WL::kBlockChunkBytes);
+#pragma unroll
+        for (int f = 0; f < kPair; ++f)  // row block nb + f: its own K-contiguous run
+          ptx::bulk_load(s.ring[st] + f * WL::kBlockChunkBytes,
+                         src + (int64_t(f) * kblocks + kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes, &s.full[st]);
       }
     }
     return;
@@ -118,13 +136,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int wg = warp / 4, w = warp % 4, q = lane % 4, n_tok = lane / 4;
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit un = unit_of(s, u, nblocks, G);
+    const Unit un = unit_of(s, u, nblocks / kPair, G);
     const bool tok_ok = n_tok < un.rows;  // this lane's B column (token lane / 4)
     const uint8_t* xrow = x + int64_t(un.row0 + (tok_ok ? n_tok : 0)) * K + 4 * q;
     const bool c0_ok = 2 * q < un.rows, c1_ok = 2 * q + 1 < un.rows;  // this lane's accumulator columns
     const float* xs0 = xs + int64_t(un.row0 + (c0_ok ? 2 * q : 0)) * kblocks;
     const float* xs1 = xs + int64_t(un.row0 + (c1_ok ? 2 * q + 1 : 0)) * kblocks;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[kPair][4] = {};
     uint32_t b[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) b[i] = tok_ok ? *reinterpret_cast<const uint32_t*>(xrow + (i / 2) * 32 + (i % 2) * 16) : 0u;
@@ -139,43 +157,97 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                                : 0u;
       const float sc0 = c0_ok ? xs0[kb] : 0.f, sc1 = c1_ok ? xs1[kb] : 0.f;
       if (!ptx::mbar_wait(&s.full[st], (it / kStages) & 1, kTimeoutNs)) __trap();
-      const uint8_t* ch = s.ring[st] + wg * WL::kWgChunkBytes;
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      float d[kPair][4] = {};
 #pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        const uint2 codes = *reinterpret_cast<const uint2*>(ch + (step * 128 + w * 32 + lane) * 8);
-        const uint16_t sh = *reinterpret_cast<const uint16_t*>(ch + WL::kCodeBytes + ((w * 8 + n_tok) * 4 + step) * 2);
-        const uint2 lr = *reinterpret_cast<const uint2*>(s.lut + (sh & 31) * 8);
-        const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
-        uint32_t a[4];
-        fp4_gemm::decode_step(codes, lr, lr8, a);
-        mma_e4m3(d, a, b[2 * step], b[2 * step + 1]);
+      for (int f = 0; f < kPair; ++f) {
+        const uint8_t* ch = s.ring[st] + f * WL::kBlockChunkBytes + wg * WL::kWgChunkBytes;
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+          const uint2 codes = *reinterpret_cast<const uint2*>(ch + (step * 128 + w * 32 + lane) * 8);
+          const uint16_t sh = *reinterpret_cast<const uint16_t*>(ch + WL::kCodeBytes + ((w * 8 + n_tok) * 4 + step) * 2);
+          const uint2 lr = *reinterpret_cast<const uint2*>(s.lut + (sh & 31) * 8);
+          const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
+          uint32_t a[4];
+          fp4_gemm::decode_step(codes, lr, lr8, a);
+          mma_e4m3(d[f], a, b[2 * step], b[2 * step + 1]);
+        }
       }
       __syncwarp();
       if (lane == 0) ptx::mbar_arrive(&s.empty[st]);
-      acc[0] = fmaf(d[0], sc0, acc[0]), acc[1] = fmaf(d[1], sc1, acc[1]);
-      acc[2] = fmaf(d[2], sc0, acc[2]), acc[3] = fmaf(d[3], sc1, acc[3]);
+#pragma unroll
+      for (int f = 0; f < kPair; ++f) {
+        acc[f][0] = fmaf(d[f][0], sc0, acc[f][0]), acc[f][1] = fmaf(d[f][1], sc1, acc[f][1]);
+        acc[f][2] = fmaf(d[f][2], sc0, acc[f][2]), acc[f][3] = fmaf(d[f][3], sc1, acc[f][3]);
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) b[i] = bn[i];
     }
     // d / acc: [0] (row r, token 2q), [1] (row r, token 2q + 1), [2] / [3] the same for row r + 8.
-    const int r = un.nb * WL::kBlockRows + wg * WL::kRowsPerWarpgroup + 16 * w + n_tok;
-    const float rs0 = row_scale[int64_t(un.g) * N + r], rs1 = row_scale[int64_t(un.g) * N + r + 8];
-    if (c0_ok) {
-      __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q) * N + r;
-      o[0] = __float2bfloat16_rn(acc[0] * rs0), o[8] = __float2bfloat16_rn(acc[2] * rs1);
-    }
-    if (c1_ok) {
-      __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q + 1) * N + r;
-      o[0] = __float2bfloat16_rn(acc[1] * rs0), o[8] = __float2bfloat16_rn(acc[3] * rs1);
+    if constexpr (kL1) {
+      // Rows r / r + 8 of a fragment are the gate / up of channel (wg * 32 + 8 w + lane / 4) + 64 f of the pair.
+      float a[kPair][2];
+#pragma unroll
+      for (int f = 0; f < kPair; ++f) {
+        const int r = (un.nb + f) * WL::kBlockRows + wg * WL::kRowsPerWarpgroup + 16 * w + n_tok;
+        fp4_gemm::l1_activations<kTokTile>(acc[f], row_scale[int64_t(un.g) * N + r], row_scale[int64_t(un.g) * N + r + 8],
+                                           l1, un.row0, un.rows, q, a[f]);
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // token 2q + c: max over this lane's 2 channels, the warp's 16, then 8 warps
+        float m = fmaxf(fabsf(a[0][c]), fabsf(a[1][c]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        if (lane < 4) s.amax[2 * q + c][warp] = m;
+      }
+      // Barrier 1 (the 256 consumer threads): maxima written -> read; barrier 2: scales written -> read. The next
+      // unit's writes of either come after its own barrier 1, which every thread reaches after these reads.
+      ptx::named_barrier(1, kConsumerWarps * 32);
+      const int ld = N / 2, p = un.nb / 2;
+      if (threadIdx.x < kTokTile) {
+        float m = 0.f;
+#pragma unroll
+        for (int i = 0; i < kConsumerWarps; ++i) m = fmaxf(m, s.amax[threadIdx.x][i]);
+        const float sc = fp4_gemm::fp8_scale_from_amax(m, l1.pow2);
+        s.scale[threadIdx.x] = sc;
+        if (int(threadIdx.x) < un.rows) l1.out_s[int64_t(un.row0 + threadIdx.x) * (ld / fp4_gemm::kL1ScaleGroup) + p] = sc;
+      }
+      ptx::named_barrier(1, kConsumerWarps * 32);
+      const int ch0 = wg * 32 + 8 * w + n_tok;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 2 * q + c;
+        if (tok < un.rows) {
+          const float inv = __frcp_rn(s.scale[tok]);
+          uint8_t* o = l1.out_q + int64_t(un.row0 + tok) * ld + p * fp4_gemm::kL1ScaleGroup + ch0;
+          o[0] = __nv_cvt_float_to_fp8(a[0][c] * inv, __NV_SATFINITE, __NV_E4M3);
+          o[64] = __nv_cvt_float_to_fp8(a[1][c] * inv, __NV_SATFINITE, __NV_E4M3);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int f = 0; f < kPair; ++f) {
+        const int r = (un.nb + f) * WL::kBlockRows + wg * WL::kRowsPerWarpgroup + 16 * w + n_tok;
+        const float rs0 = row_scale[int64_t(un.g) * N + r], rs1 = row_scale[int64_t(un.g) * N + r + 8];
+        if (c0_ok) {
+          __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q) * N + r;
+          o[0] = __float2bfloat16_rn(acc[f][0] * rs0), o[8] = __float2bfloat16_rn(acc[f][2] * rs1);
+        }
+        if (c1_ok) {
+          __nv_bfloat16* o = out + int64_t(un.row0 + 2 * q + 1) * N + r;
+          o[0] = __float2bfloat16_rn(acc[f][1] * rs0), o[8] = __float2bfloat16_rn(acc[f][3] * rs1);
+        }
+      }
     }
   }
 }
 }  // namespace
 
-extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
-                         int G, int N, int K, void* out, int num_sms, cudaStream_t stream) {
-  if (G <= 0 || G > kMaxGroups || N % WL::kBlockRows != 0 || K % WL::kBlockK != 0) return 1;
+namespace {
+template <bool kL1>
+int launch(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs, int G, int N,
+           int K, void* out, const fp4_gemm::L1Args& l1, int num_sms, cudaStream_t stream) {
+  if (G <= 0 || G > kMaxGroups || N % (kPair * WL::kBlockRows) != 0 || K % WL::kBlockK != 0) return 1;
   if (reinterpret_cast<uintptr_t>(x) % 16 || reinterpret_cast<uintptr_t>(packed) % 16 || K % 16) return 2;
   if (num_sms <= 0) {
     int dev = 0;
@@ -184,13 +256,33 @@ extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, con
   }
   static bool attr = false;
   if (!attr) {
-    const cudaError_t e = cudaFuncSetAttribute(gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem)));
+    const cudaError_t e = cudaFuncSetAttribute(gemv_kernel<kL1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Smem)));
     if (e != cudaSuccess) return int(e);
     attr = true;
   }
   // Units (token tiles x row blocks) are counted on the device (no host sync); the grid covers the SMs.
-  gemv_kernel<<<num_sms * kCtasPerSm, kThreads, sizeof(Smem), stream>>>(
+  gemv_kernel<kL1><<<num_sms * kCtasPerSm, kThreads, sizeof(Smem), stream>>>(
       static_cast<const uint8_t*>(x), xs, static_cast<const uint8_t*>(packed), row_scale, offs, G, N, K,
-      static_cast<__nv_bfloat16*>(out));
+      static_cast<__nv_bfloat16*>(out), l1);
   return int(cudaGetLastError());
+}
+}  // namespace
+
+extern "C" int gemv_rows_per_unit() { return kPair * WL::kBlockRows; }
+
+extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
+                         int G, int N, int K, void* out, int num_sms, cudaStream_t stream) {
+  return launch<false>(x, xs, packed, row_scale, offs, G, N, K, out, fp4_gemm::L1Args{}, num_sms, stream);
+}
+
+// L1 (pair build only): out_q [rows][N / 2] E4M3, out_s [rows][N / 2 / 128], topk_w [rows].
+extern "C" int gemv_l1(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
+                       int G, int N, int K, const float* topk_w, void* out_q, float* out_s, float clamp, int pow2,
+                       int num_sms, cudaStream_t stream) {
+  if constexpr (kPair != 2) {
+    return 3;
+  } else {
+    const fp4_gemm::L1Args l1{topk_w, static_cast<uint8_t*>(out_q), out_s, clamp, pow2 != 0};
+    return launch<true>(x, xs, packed, row_scale, offs, G, N, K, nullptr, l1, num_sms, stream);
+  }
 }
