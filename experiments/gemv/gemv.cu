@@ -3,10 +3,13 @@
 // Why: at one token per rank the wgmma path's 8-token tile runs each K block as a dependent decode -> wgmma ->
 // wait chain (~0.42 us per K block per CTA, H200), so its 1-token GEMMs take ~1.5-1.9x their HBM floor. A first
 // try on CUDA cores (FP32 FMAs on decoded E4M3, 2026-12-07, H100) was issue-bound at ~3x the floor: ~4 instructions
-// per weight. Here each warp's 16 weight rows x 32 k are ONE mma.sync.m16n8k32 (the packed layout is its A
+// per weight. Here each warp's 16 weight rows x 32 k are ONE mma.sync.m16n8k32 E4M3 (the packed layout is its A
 // fragment: decode_step's a[0..3] are a0..a3), the tokens are its 8 columns, and the weights stream through a TMA
-// ring of kStages K-block chunks per CTA (a producer warp; 8 consumer warps), so bytes in flight, not a chain,
-// bound it: ~12 instructions per warp per 512 weights instead of ~130.
+// ring of kStages K-block chunks per CTA (a producer warp; 8 consumer warps), so no per-K-block chain bounds it.
+// Issue budget: sm_90 runs the FP8 mma.sync as F2FP unpacks to FP16 + 2 HMMA.16816.F32 (exact: E4M3 values are
+// FP16 values, products summed in FP32), ~250 SASS instructions per warp per K block (~8 per 256 weights-lane);
+// 8 warps x 250 per 8704-byte chunk is ~30 GB/s per SM at 1.75 GHz, about the H200's copy bandwidth / 132 SMs:
+// an SM holding two units at one token may be issue-bound (ncu's issue-slot use says).
 // Promotion as the wgmma path: the tensor core's sum over one K block (128 k), then FP32 += that * the token's
 // scale. Bits differ from the wgmma path (other partial sums), so the layer would use it in staged and fused alike.
 // C entries: gemv_bf16(x, xs, packed, row_scale, group_offsets, G, N, K, out, num_sms, stream) -> 0 / error code;
@@ -161,10 +164,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
 #pragma unroll
       for (int f = 0; f < kPair; ++f) {
         const uint8_t* ch = s.ring[st] + f * WL::kBlockChunkBytes + wg * WL::kWgChunkBytes;
+        // The 4 steps' shift pairs (rows r, r + 8) of this row quad: 8 contiguous bytes, one load.
+        const uint2 sh4 = *reinterpret_cast<const uint2*>(ch + WL::kCodeBytes + (w * 8 + n_tok) * 4 * 2);
 #pragma unroll
         for (int step = 0; step < 4; ++step) {
           const uint2 codes = *reinterpret_cast<const uint2*>(ch + (step * 128 + w * 32 + lane) * 8);
-          const uint16_t sh = *reinterpret_cast<const uint16_t*>(ch + WL::kCodeBytes + ((w * 8 + n_tok) * 4 + step) * 2);
+          const uint32_t sh = (step < 2 ? sh4.x : sh4.y) >> (16 * (step % 2));
           const uint2 lr = *reinterpret_cast<const uint2*>(s.lut + (sh & 31) * 8);
           const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
           uint32_t a[4];

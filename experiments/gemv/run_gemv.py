@@ -36,15 +36,15 @@ SEED = int(os.environ.get("GEMV_SEED", torch.randint(0, 2**31 - 1, (1,)).item())
 print(f"run_gemv: seed {SEED} (GEMV_SEED={SEED} replays)")
 
 
-def gemv(xq, xs, pw, offs, out):
+def gemv(xq, xs, pw, offs, out, num_sms=0):
     rc = LIB.gemv_bf16(xq.data_ptr(), xs.data_ptr(), pw.packed.data_ptr(), pw.row_scale.data_ptr(), offs.data_ptr(),
-                       pw.num_groups, pw.n, pw.k, out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)
+                       pw.num_groups, pw.n, pw.k, out.data_ptr(), num_sms, torch.cuda.current_stream().cuda_stream)
     assert rc == 0, f"gemv_bf16 returned {rc}"
 
 
-def gemv_l1(xq, xs, pw, offs, topk_w, q, sc, clamp=float("inf")):
+def gemv_l1(xq, xs, pw, offs, topk_w, q, sc, clamp=float("inf"), num_sms=0):
     rc = LIB.gemv_l1(xq.data_ptr(), xs.data_ptr(), pw.packed.data_ptr(), pw.row_scale.data_ptr(), offs.data_ptr(),
-                     pw.num_groups, pw.n, pw.k, topk_w.data_ptr(), q.data_ptr(), sc.data_ptr(), clamp, 0, 0,
+                     pw.num_groups, pw.n, pw.k, topk_w.data_ptr(), q.data_ptr(), sc.data_ptr(), clamp, 0, num_sms,
                      torch.cuda.current_stream().cuda_stream)
     assert rc == 0, f"gemv_l1 returned {rc}"
 
@@ -58,29 +58,35 @@ def case(G, N, K, sizes, gen, gate_up=False):
 
 
 def check(G, N, K, sizes, gen):
+    """num_sms 0: every SM (about one unit per CTA here); 1: one SM's CTAs take every unit in turn (the ring's phases
+    across units, the producer's waits at a unit boundary, the per-unit resets)."""
     tw, pw, offs, xq, xs = case(G, N, K, sizes, gen)
-    out = torch.full((xq.shape[0], N), POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
-    gemv(xq, xs, pw, offs, out)
-    torch.cuda.synchronize()
     starts = offs.tolist()
     groups = [(g, starts[g], sizes[g]) for g in range(G)]
     ref = gemm_reference(xq, xs, tw, groups)
-    within, rel = reference_bf16_step_check(out, ref, f"gemv G={G} N={N} K={K}", gemm_error_bound(xq, xs, tw, groups))
-    print(f"check G={G} N={N} K={K} rows={sum(sizes)}: within one BF16 step {within:.4f}, rel {rel:.2e}", flush=True)
+    bound = gemm_error_bound(xq, xs, tw, groups)
+    for num_sms in (0, 1):
+        out = torch.full((xq.shape[0], N), POISON, dtype=torch.int16, device="cuda").view(torch.bfloat16)
+        gemv(xq, xs, pw, offs, out, num_sms)
+        torch.cuda.synchronize()
+        what = f"gemv G={G} N={N} K={K} num_sms={num_sms}"
+        within, rel = reference_bf16_step_check(out, ref, what, bound, small=float("inf"))  # every element bounded
+        print(f"check {what} rows={sum(sizes)}: within one BF16 step {within:.4f}, rel {rel:.2e}", flush=True)
 
 
 def check_l1_case(G, N, K, sizes, gen, clamp):
     tw, pw, offs, xq, xs = case(G, N, K, sizes, gen, gate_up=True)
     rows = xq.shape[0]
     topk_w = (torch.rand(rows, generator=gen) + 0.05).cuda()
-    q = torch.full((rows, N // 2), 0x7F, dtype=torch.uint8, device="cuda")
-    sc = torch.full((rows, N // 256), float("nan"), device="cuda")
-    gemv_l1(xq, xs, pw, offs, topk_w, q, sc, clamp)
-    torch.cuda.synchronize()
     starts = offs.tolist()
     groups = [(g, starts[g], sizes[g]) for g in range(G)]
     q_ref, s_ref, bound = l1_reference(xq, xs, tw, groups, topk_w, clamp=clamp, with_bound=True)
-    check_l1(q, sc, q_ref, s_ref, f"check L1 G={G} N={N} K={K} rows={rows} clamp={clamp}", bound)
+    for num_sms in (0, 1):  # as check(): 1 reuses each CTA's maxima / scales across its units
+        q = torch.full((rows, N // 2), 0x7F, dtype=torch.uint8, device="cuda")
+        sc = torch.full((rows, N // 256), float("nan"), device="cuda")
+        gemv_l1(xq, xs, pw, offs, topk_w, q, sc, clamp, num_sms)
+        torch.cuda.synchronize()
+        check_l1(q, sc, q_ref, s_ref, f"check L1 G={G} N={N} K={K} rows={rows} clamp={clamp} num_sms={num_sms}", bound)
 
 
 def bench(name, E, N, K, tokens, topk, gen, bw, ws):
