@@ -94,8 +94,8 @@ for s in "$@"; do
     tile-sweep) stamp "$s"  # every token tile at each token count (TS_T), staged GEMMs alone and whole calls
       timeout 300 python3 experiments/tile_sweep.py ${TS_PRESETS:-flash,pro} ${TS_T:-128,512,2048,8192} 8,16,32,64,128 \
         ${TS_B:-staged} 2>&1 | grep -v "^\[megamoe" | tee "$OUT/tile_sweep.log" ;;
-    gemv) stamp "$s"  # experiments/gemv: the mma.sync few-token GEMM, two ring shapes (build-gemv carried: experiments/gemv/build.sh)
-      for L in libgemv.so libgemv_s6c3.so libgemv_pair.so; do timeout 150 python3 experiments/gemv/run_gemv.py build-gemv/$L 2>&1 |
+    gemv) stamp "$s"  # experiments/gemv: the mma.sync few-token GEMM, four builds (build-gemv carried: experiments/gemv/build.sh)
+      for L in libgemv.so libgemv_s6c3.so libgemv_pair.so libgemv_half.so; do timeout 150 python3 experiments/gemv/run_gemv.py build-gemv/$L 2>&1 |
         tee -a "$OUT/gemv.log" | tail -21; done ;;
     *) echo "unknown step $s" ;;
   esac

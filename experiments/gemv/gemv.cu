@@ -27,7 +27,10 @@
 namespace {
 using fp4_gemm::WL;
 namespace ptx = ::moe::ptx;
-constexpr int kConsumerWarps = 8;  // 2 warpgroup sub-chunks x 4 warps of 16 rows: one 128-row chunk
+// kHalf: 64-row units (one warpgroup sub-chunk of a chunk, 4 consumer warps): twice the units of kPair 1, for the
+// SMs that hold two 128-row units at one token (perf notes).
+constexpr bool kHalf = GEMV_HALF;
+constexpr int kConsumerWarps = kHalf ? 4 : 8;  // 4 warps of 16 rows per 64-row sub-chunk
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 #ifndef GEMV_STAGES
 #define GEMV_STAGES 8
@@ -35,6 +38,9 @@ constexpr int kThreads = (kConsumerWarps + 1) * 32;
 #endif
 #ifndef GEMV_PAIR
 #define GEMV_PAIR 1
+#endif
+#ifndef GEMV_HALF
+#define GEMV_HALF 0
 #endif
 constexpr int kStages = GEMV_STAGES;  // stages in flight per CTA (kPair K-block chunks of 8704 B each); build.sh's variants
 constexpr int kPair = GEMV_PAIR;      // row blocks per unit: 2 = the 256 rows (128 channels) an L1 output scale spans
@@ -45,7 +51,7 @@ constexpr uint64_t kTimeoutNs = 2000000000ull;
 static_assert(WL::kStepsPerBlockK == 4 && WL::kRowsPerWarpgroup == 64 && WL::kWarpgroupsPerBlock == 2, "fragment");
 
 struct Smem {
-  alignas(128) uint8_t ring[kStages][kPair * WL::kBlockChunkBytes];
+  alignas(128) uint8_t ring[kStages][kHalf ? WL::kWgChunkBytes : kPair * WL::kBlockChunkBytes];
   uint64_t full[kStages], empty[kStages];
   alignas(8) uint8_t lut[fp4_gemm::kLut32Entries * 8];
   int offs[kMaxGroups + 1];
@@ -53,7 +59,9 @@ struct Smem {
   float amax[kTokTile][kConsumerWarps];  // L1: per token, each warp's max over its 16 channels
   float scale[kTokTile];
 };
-static_assert(WL::kBlockChunkBytes % 128 == 0, "stages stay 128-byte aligned");
+static_assert(WL::kBlockChunkBytes % 128 == 0 && WL::kWgChunkBytes % 128 == 0, "stages stay 128-byte aligned");
+static_assert(!kHalf || kPair == 1, "64-row units or row-block pairs");
+constexpr int kCopyBytes = kHalf ? WL::kWgChunkBytes : WL::kBlockChunkBytes;  // one bulk copy
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -64,10 +72,11 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
 
 // Unit u (of tiles x row blocks) -> group g, its first row of the tile, rows in it, row block nb.
 struct Unit {
-  int g, row0, rows, nb;
+  int g, row0, rows, nb, wg0;  // wg0: the 64-row half of a kHalf unit
 };
-__device__ __forceinline__ Unit unit_of(const Smem& s, int u, int nblocks, int G) {
-  const int tile = u / nblocks;
+// upt: units per token tile (row blocks / kPair, or 2 x row blocks for kHalf).
+__device__ __forceinline__ Unit unit_of(const Smem& s, int u, int upt, int G) {
+  const int tile = u / upt;
   int lo = 0, hi = G;  // tile_prefix[lo] <= tile < tile_prefix[hi]: ends at the (non-empty) group holding it
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
@@ -75,7 +84,8 @@ __device__ __forceinline__ Unit unit_of(const Smem& s, int u, int nblocks, int G
   }
   const int t0 = (tile - s.tile_prefix[lo]) * kTokTile;
   const int n = s.offs[lo + 1] - s.offs[lo] - t0;
-  return {lo, s.offs[lo] + t0, n < kTokTile ? n : kTokTile, (u % nblocks) * kPair};
+  const int sub = u % upt;
+  return {lo, s.offs[lo] + t0, n < kTokTile ? n : kTokTile, kHalf ? sub / 2 : sub * kPair, kHalf ? sub % 2 : 0};
 }
 
 // kL1: the L1 epilogue (kPair 2: a unit holds the 128 channels of one output scale) with fp4_gemm's own
@@ -114,32 +124,35 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   __syncthreads();
   const int nblocks = N / WL::kBlockRows, kblocks = K / WL::kBlockK;
-  const int units = s.tile_prefix[G] * (nblocks / kPair);
+  const int upt = kHalf ? 2 * nblocks : nblocks / kPair;
+  const int units = s.tile_prefix[G] * upt;
 
   if (warp == kConsumerWarps) {  // producer: one K-block chunk per stage, the ring continuous across units
     if (lane != 0) return;
     int it = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const Unit un = unit_of(s, u, nblocks / kPair, G);
-      const uint8_t* src = packed + (int64_t(un.g) * nblocks + un.nb) * kblocks * int64_t(WL::kBlockChunkBytes);
+      const Unit un = unit_of(s, u, upt, G);
+      const uint8_t* src = packed + (int64_t(un.g) * nblocks + un.nb) * kblocks * int64_t(WL::kBlockChunkBytes) +
+                           un.wg0 * WL::kWgChunkBytes;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const int st = it % kStages;
         if (it >= kStages && !ptx::mbar_wait(&s.empty[st], ((it / kStages) & 1) ^ 1, kTimeoutNs)) __trap();
-        ptx::mbar_arrive_expect_tx(&s.full[st], kPair * WL::kBlockChunkBytes);
+        ptx::mbar_arrive_expect_tx(&s.full[st], kPair * kCopyBytes);
 #pragma unroll
         for (int f = 0; f < kPair; ++f)  // row block nb + f: its own K-contiguous run
-          ptx::bulk_load(s.ring[st] + f * WL::kBlockChunkBytes,
-                         src + (int64_t(f) * kblocks + kb) * WL::kBlockChunkBytes, WL::kBlockChunkBytes, &s.full[st]);
+          ptx::bulk_load(s.ring[st] + f * kCopyBytes, src + (int64_t(f) * kblocks + kb) * WL::kBlockChunkBytes, kCopyBytes,
+                         &s.full[st]);
       }
     }
     return;
   }
 
   // Consumers: warp (wg, w) owns rows nb * 128 + wg * 64 + 16 w + lane / 4 (+ 8): decode_step's A fragment.
-  const int wg = warp / 4, w = warp % 4, q = lane % 4, n_tok = lane / 4;
+  const int w = warp % 4, q = lane % 4, n_tok = lane / 4;
   int it = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit un = unit_of(s, u, nblocks / kPair, G);
+    const Unit un = unit_of(s, u, upt, G);
+    const int wg = kHalf ? un.wg0 : warp / 4;  // the 64-row half this warp's rows sit in
     const bool tok_ok = n_tok < un.rows;  // this lane's B column (token lane / 4)
     const uint8_t* xrow = x + int64_t(un.row0 + (tok_ok ? n_tok : 0)) * K + 4 * q;
     const bool c0_ok = 2 * q < un.rows, c1_ok = 2 * q + 1 < un.rows;  // this lane's accumulator columns
@@ -163,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       float d[kPair][4] = {};
 #pragma unroll
       for (int f = 0; f < kPair; ++f) {
-        const uint8_t* ch = s.ring[st] + f * WL::kBlockChunkBytes + wg * WL::kWgChunkBytes;
+        const uint8_t* ch = s.ring[st] + f * WL::kBlockChunkBytes + (kHalf ? 0 : wg * WL::kWgChunkBytes);
         // The 4 steps' shift pairs (rows r, r + 8) of this row quad: 8 contiguous bytes, one load.
         const uint2 sh4 = *reinterpret_cast<const uint2*>(ch + WL::kCodeBytes + (w * 8 + n_tok) * 4 * 2);
 #pragma unroll
@@ -273,7 +286,7 @@ int launch(const void* x, const float* xs, const void* packed, const float* row_
 }
 }  // namespace
 
-extern "C" int gemv_rows_per_unit() { return kPair * WL::kBlockRows; }
+extern "C" int gemv_rows_per_unit() { return kHalf ? WL::kRowsPerWarpgroup : kPair * WL::kBlockRows; }
 
 extern "C" int gemv_bf16(const void* x, const float* xs, const void* packed, const float* row_scale, const int* offs,
                          int G, int N, int K, void* out, int num_sms, cudaStream_t stream) {
