@@ -3,12 +3,14 @@
 // Why: at one token per rank the wgmma path's 8-token tile runs each K block as a dependent decode -> wgmma ->
 // wait chain (~0.42 us per K block per CTA, H200), so its 1-token GEMMs take ~1.5-1.9x their HBM floor. A first
 // try on CUDA cores (FP32 FMAs on decoded E4M3, 2026-12-07, H100) was issue-bound at ~3x the floor: ~4 instructions
-// per weight. Here each warp's 16 weight rows x 32 k are ONE mma.sync.m16n8k32 E4M3 (the packed layout is its A
-// fragment: decode_step's a[0..3] are a0..a3), the tokens are its 8 columns, and the weights stream through a TMA
+// per weight. Here each warp's 16 weight rows x 32 k are one m16n8k32 tensor-core step (the packed layout is the A
+// fragment of mma.sync m16n8k32 E4M3: decode_step's a[0..3] are a0..a3), the tokens are its 8 columns, and the
+// weights stream through a TMA
 // ring of kStages K-block chunks per CTA (a producer warp; 8 consumer warps), so no per-K-block chain bounds it.
-// Issue budget: sm_90 runs the FP8 mma.sync as F2FP unpacks to FP16 + 2 HMMA.16816.F32 (exact: E4M3 values are
-// FP16 values, products summed in FP32), ~250 SASS instructions per warp per K block (~8 per 256 weights-lane);
-// 8 warps x 250 per 8704-byte chunk is ~30 GB/s per SM at 1.75 GHz, about the H200's copy bandwidth / 132 SMs:
+// Issue budget: sm_90 has no FP8 mma.sync (ptxas lowers it to F2FP unpacks + 2 HMMA.16816.F32 that restart from
+// zero and are added into d), so each k32 step is written as two FP16 m16n8k16 MMAs chained on d (exact: E4M3
+// values are FP16 values; FP32 accumulation): ~237 SASS instructions per warp per K block (48 F2FP, 8 HMMA);
+// 8 warps x 237 per 8704-byte chunk is ~33 GB/s per SM at 1.75 GHz, about the H200's copy bandwidth / 132 SMs:
 // an SM holding two units at one token may be issue-bound (ncu's issue-slot use says).
 // Promotion as the wgmma path: the tensor core's sum over one K block (128 k), then FP32 += that * the token's
 // scale. Bits differ from the wgmma path (other partial sums), so the layer would use it in staged and fused alike.
@@ -16,6 +18,8 @@
 // gemv_l1(..., topk_w, out_q, out_s, clamp, pow2, num_sms, stream) in the 256-row-unit build (SwiGLU x top-k weight
 // -> E4M3 + one scale per 128 channels, the layer's L1 output).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -63,11 +67,33 @@ static_assert(WL::kBlockChunkBytes % 128 == 0 && WL::kWgChunkBytes % 128 == 0, "
 static_assert(!kHalf || kPair == 1, "64-row units or row-block pairs");
 constexpr int kCopyBytes = kHalf ? WL::kWgChunkBytes : WL::kBlockChunkBytes;  // one bulk copy
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+// E4M3 pairs -> FP16 pairs (exact: every E4M3 value is an FP16 value): the low / high two bytes of v (the high
+// half straight from the register's upper half, no shift).
+__device__ __forceinline__ uint32_t f16x2_lo(uint32_t v) {
+  uint32_t r;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}" : "=r"(r) : "r"(v));
+  return r;
+}
+__device__ __forceinline__ uint32_t f16x2_hi(uint32_t v) {
+  uint32_t r;
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}" : "=r"(r) : "r"(v));
+  return r;
+}
+// d += A (16 x 16, FP16) * B (16 x 8, FP16), FP32 accumulation.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One k32 step as two FP16 m16n8k16 MMAs chained on d. sm_90 has no FP8 mma.sync: ptxas lowers the E4M3 m16n8k32
+// to these unpacks and two HMMAs anyway, but starts each from zero and adds into d (4 FADD a step); this keeps the
+// chain. k order: the lane's E4M3 bytes (a[0] / a[1]: k c..c+3 of rows r / r + 8; a[2] / a[3]: k c+16..c+19) go to
+// the FP16 slots pairwise, and the token bytes bx (the same k) identically, so every product meets its own k.
+__device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&bh)[4]) {
+  mma_f16(d, f16x2_lo(a[0]), f16x2_lo(a[1]), f16x2_hi(a[0]), f16x2_hi(a[1]), bh[0], bh[1]);
+  mma_f16(d, f16x2_lo(a[2]), f16x2_lo(a[3]), f16x2_hi(a[2]), f16x2_hi(a[3]), bh[2], bh[3]);
 }
 
 // Unit u (of tiles x row blocks) -> group g, its first row of the tile, rows in it, row block nb.
@@ -173,6 +199,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                                : 0u;
       const float sc0 = c0_ok ? xs0[kb] : 0.f, sc1 = c1_ok ? xs1[kb] : 0.f;
       if (!ptx::mbar_wait(&s.full[st], (it / kStages) & 1, kTimeoutNs)) __trap();
+      // This K block's token fragment in FP16 (per step: k c, c+1 | c+2, c+3 | c+16, c+17 | c+18, c+19), shared by
+      // the fragments.
+      uint32_t bh[4][4];
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        bh[step][0] = f16x2_lo(b[2 * step]), bh[step][1] = f16x2_hi(b[2 * step]);
+        bh[step][2] = f16x2_lo(b[2 * step + 1]), bh[step][3] = f16x2_hi(b[2 * step + 1]);
+      }
       float d[kPair][4] = {};
 #pragma unroll
       for (int f = 0; f < kPair; ++f) {
@@ -187,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
           const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
           uint32_t a[4];
           fp4_gemm::decode_step(codes, lr, lr8, a);
-          mma_e4m3(d[f], a, b[2 * step], b[2 * step + 1]);
+          mma_step(d[f], a, bh[step]);
         }
       }
       __syncwarp();
