@@ -88,9 +88,9 @@ for s in "$@"; do
         > /tmp/san.log 2>&1; echo "T $T_ $tool rc=$?"; grep -E "SUMMARY|profile_layer" /tmp/san.log | tail -2
         head -c 200000 /tmp/san.log > "$OUT/san_$(basename "$(dirname "${MEGAMOE_LIB_DIR:-build/lib}")")_T${T_}_$tool.log"
         grep -E "^=========  ?(Barrier|Error|    at |    and )" /tmp/san.log | head -8 | cut -c1-400; done; done ;;
-    tile-ab) stamp "$s"  # staged layer at the tiles a GEMM change touches: TAB_LIBS (build folders) in turn
+    tile-ab) stamp "$s"  # the layer (TAB_B: staged) at the tiles a GEMM change touches: TAB_LIBS (build folders) in turn
       for L in ${TAB_LIBS:-build-base build}; do MEGAMOE_LIB_DIR=$PWD/$L/lib timeout 150 python3 experiments/tile_sweep.py \
-        ${TAB_PRESETS:-flash,pro} ${TAB_T:-512,2048} ${TAB_BN:-16,32} staged 2>&1 | grep -v "^\[megamoe" | tee -a "$OUT/tile_ab.log"; done ;;
+        ${TAB_PRESETS:-flash,pro} ${TAB_T:-512,2048} ${TAB_BN:-16,32} ${TAB_B:-staged} 2>&1 | grep -v "^\[megamoe" | tee -a "$OUT/tile_ab.log"; done ;;
     tile-sweep) stamp "$s"  # every token tile at each token count (TS_T), staged GEMMs alone and whole calls
       timeout 300 python3 experiments/tile_sweep.py ${TS_PRESETS:-flash,pro} ${TS_T:-128,512,2048,8192} 8,16,32,64,128 \
         ${TS_B:-staged} 2>&1 | grep -v "^\[megamoe" | tee "$OUT/tile_sweep.log" ;;
