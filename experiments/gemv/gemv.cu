@@ -9,8 +9,8 @@
 // ring of kStages K-block chunks per CTA (a producer warp; 8 consumer warps), so no per-K-block chain bounds it.
 // Issue budget: sm_90 has no FP8 mma.sync (ptxas lowers it to F2FP unpacks + 2 HMMA.16816.F32 that restart from
 // zero and are added into d), so each k32 step is written as two FP16 m16n8k16 MMAs chained on d (exact: E4M3
-// values are FP16 values; FP32 accumulation): ~237 SASS instructions per warp per K block (48 F2FP, 8 HMMA);
-// 8 warps x 237 per 8704-byte chunk is ~33 GB/s per SM at 1.75 GHz, about the H200's copy bandwidth / 132 SMs:
+// values are FP16 values; FP32 accumulation): ~225 SASS instructions per warp per K block (48 F2FP, 8 HMMA);
+// 8 warps x 225 per 8704-byte chunk is ~35 GB/s per SM at 1.75 GHz, about the H200's copy bandwidth / 132 SMs:
 // an SM holding two units at one token may be issue-bound (ncu's issue-slot use says).
 // Promotion as the wgmma path: the tensor core's sum over one K block (128 k), then FP32 += that * the token's
 // scale. Bits differ from the wgmma path (other partial sums), so the layer would use it in staged and fused alike.
@@ -23,10 +23,25 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+// The builds' shape (build.sh sets all four): stages, CTAs per SM, row blocks per unit, 64-row units.
+#ifndef GEMV_STAGES
+#define GEMV_STAGES 8
+#endif
+#ifndef GEMV_CTAS
+#define GEMV_CTAS 2
+#endif
+#ifndef GEMV_PAIR
+#define GEMV_PAIR 1
+#endif
+#ifndef GEMV_HALF
+#define GEMV_HALF 0
+#endif
+
 #include "fp4_gemm/decode.cuh"
 #include "fp4_gemm/epilogue.cuh"
 #include "fp4_gemm/fp8.cuh"
 #include "fp4_gemm/layout.cuh"
+#include "fp4_gemm/mainloop.cuh"
 
 namespace {
 using fp4_gemm::WL;
@@ -36,16 +51,6 @@ namespace ptx = ::moe::ptx;
 constexpr bool kHalf = GEMV_HALF;
 constexpr int kConsumerWarps = kHalf ? 4 : 8;  // 4 warps of 16 rows per 64-row sub-chunk
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
-#ifndef GEMV_STAGES
-#define GEMV_STAGES 8
-#define GEMV_CTAS 2
-#endif
-#ifndef GEMV_PAIR
-#define GEMV_PAIR 1
-#endif
-#ifndef GEMV_HALF
-#define GEMV_HALF 0
-#endif
 constexpr int kStages = GEMV_STAGES;  // stages in flight per CTA (kPair K-block chunks of 8704 B each); build.sh's variants
 constexpr int kPair = GEMV_PAIR;      // row blocks per unit: 2 = the 256 rows (128 channels) an L1 output scale spans
 constexpr int kCtasPerSm = GEMV_CTAS;
@@ -179,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit un = unit_of(s, u, upt, G);
     const int wg = kHalf ? un.wg0 : warp / 4;  // the 64-row half this warp's rows sit in
+    const fp4_gemm::DecodeOffsets off(kHalf ? 0 : wg, w * 32 + lane);
     const bool tok_ok = n_tok < un.rows;  // this lane's B column (token lane / 4)
     const uint8_t* xrow = x + int64_t(un.row0 + (tok_ok ? n_tok : 0)) * K + 4 * q;
     const bool c0_ok = 2 * q < un.rows, c1_ok = 2 * q + 1 < un.rows;  // this lane's accumulator columns
@@ -210,19 +216,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       float d[kPair][4] = {};
 #pragma unroll
       for (int f = 0; f < kPair; ++f) {
-        const uint8_t* ch = s.ring[st] + f * WL::kBlockChunkBytes + (kHalf ? 0 : wg * WL::kWgChunkBytes);
-        // The 4 steps' shift pairs (rows r, r + 8) of this row quad: 8 contiguous bytes, one load.
-        const uint2 sh4 = *reinterpret_cast<const uint2*>(ch + WL::kCodeBytes + (w * 8 + n_tok) * 4 * 2);
+        // fp4_gemm's own fragment load and decode (mainloop.cuh): the offsets are the math warpgroup's (a kHalf
+        // stage holds only its unit's sub-chunk, at offset 0).
+        fp4_gemm::RawFragment raw;
+        fp4_gemm::load_raw_smem(s.ring[st] + f * WL::kBlockChunkBytes, off, raw);
+        uint32_t a[WL::kStepsPerBlockK][4];
+        fp4_gemm::decode_raw(raw, s.lut, a);
 #pragma unroll
-        for (int step = 0; step < 4; ++step) {
-          const uint2 codes = *reinterpret_cast<const uint2*>(ch + (step * 128 + w * 32 + lane) * 8);
-          const uint32_t sh = (step < 2 ? sh4.x : sh4.y) >> (16 * (step % 2));
-          const uint2 lr = *reinterpret_cast<const uint2*>(s.lut + (sh & 31) * 8);
-          const uint2 lr8 = *reinterpret_cast<const uint2*>(s.lut + ((sh >> 8) & 31) * 8);
-          uint32_t a[4];
-          fp4_gemm::decode_step(codes, lr, lr8, a);
-          mma_step(d[f], a, bh[step]);
-        }
+        for (int step = 0; step < 4; ++step) mma_step(d[f], a[step], bh[step]);
       }
       __syncwarp();
       if (lane == 0) ptx::mbar_arrive(&s.empty[st]);
