@@ -72,6 +72,7 @@ static_assert(WL::kBlockChunkBytes % 128 == 0 && WL::kWgChunkBytes % 128 == 0, "
 static_assert(!kHalf || kPair == 1, "64-row units or row-block pairs");
 constexpr int kCopyBytes = kHalf ? WL::kWgChunkBytes : WL::kBlockChunkBytes;  // one bulk copy
 
+// (Branch mma8 holds these wrappers and mma_step in moe_common/ptx.cuh / mainloop.cuh: use those once it is merged.)
 // E4M3 pairs -> FP16 pairs (exact: every E4M3 value is an FP16 value): the low / high two bytes of v (the high
 // half straight from the register's upper half, no shift).
 __device__ __forceinline__ uint32_t f16x2_lo(uint32_t v) {
